@@ -1,0 +1,90 @@
+"""The library API the CLI is a thin layer over. Usable from Python::
+
+    from raytrain.api import Options, dry_run, submit, wait
+    handle = submit(Options(job="jobs/cnn.py", workers=2, zero=1, precision="bf16"))
+    info = wait(handle)
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from raytrain.capacity import capacity_problem
+from raytrain.config import Options, Plan, resolve
+from raytrain.errors import ClusterError, JobFailed
+from raytrain.events import CAPACITY, JobFacts
+from raytrain.jobs.state import JobInfo, JobState
+from raytrain.targets import JobHandle, Request, Target, make_target
+
+
+def _cluster_has_gpus(target: Target) -> bool:
+    """Read-only look at the cluster (or, for a local cluster not yet started, at this machine)."""
+    from raytrain.targets.local import LocalTarget
+
+    if isinstance(target, LocalTarget) and target.cluster is None:
+        from raytrain.nvml import gpu_count
+
+        return gpu_count() > 0
+    try:
+        return any(n.resources.get("GPU", 0) > 0 for n in target.nodes())
+    except ClusterError:
+        return False
+
+
+def plan(options: Options, target: Target | None = None) -> tuple[Target, Plan]:
+    target = target or make_target(options.address)
+    has_gpus = _cluster_has_gpus(target) if options.gpus_per_worker is None else False
+    return target, resolve(options, cluster_has_gpus=has_gpus)
+
+
+def dry_run(options: Options, target: Target | None = None) -> tuple[Target, Request]:
+    """The exact request a submit would send. No side effects."""
+    target, the_plan = plan(options, target)
+    return target, target.dry_run(the_plan)
+
+
+def check_capacity(target: Target, the_plan: Plan) -> None:
+    """Refuse, before submitting, a request the cluster can never hold."""
+    problem = capacity_problem(
+        the_plan.scaling.num_workers, the_plan.scaling.resources_per_worker, target.nodes()
+    )
+    if problem:
+        raise ClusterError(problem)
+
+
+def submit_request(target: Target, request: Request) -> JobHandle:
+    ensure = getattr(target, "ensure_running", None)
+    if ensure is not None:
+        ensure()
+    check_capacity(target, request.plan)
+    return target.submit(request)
+
+
+def submit(options: Options, target: Target | None = None) -> JobHandle:
+    target, request = dry_run(options, target)
+    return submit_request(target, request)
+
+
+def wait(
+    handle: JobHandle, target: Target | None = None, on_text: Callable[[str], None] | None = None
+) -> JobInfo:
+    """Follow the job's log until it ends; the final JobInfo (with facts). Raises JobFailed on failure."""
+    target = target or make_target(handle.address if handle.target != "local" else None)
+    target.follow(handle.job_id, on_text or (lambda _text: None))
+    info = target.status(handle.job_id)
+    if info.facts and info.facts.error and info.facts.error.get("event") == CAPACITY:
+        raise ClusterError(info.facts.error.get("message", "the cluster cannot hold this job"))
+    if info.state is not JobState.SUCCEEDED:
+        raise JobFailed(failure_message(info))
+    return info
+
+
+def failure_message(info: JobInfo) -> str:
+    facts = info.facts or JobFacts()
+    if facts.error:
+        return f"job {info.job_id} {info.state}: {facts.error.get('type', '')}: {facts.error.get('message', '')}".replace(
+            ": : ", ": "
+        )
+    return f"job {info.job_id} {info.state}: {info.message}".rstrip(": ")
+
+
+__all__ = ["Options", "check_capacity", "dry_run", "plan", "submit", "submit_request", "wait"]

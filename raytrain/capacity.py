@@ -1,0 +1,52 @@
+"""Does a scaling request fit a cluster? Pure: used by the CLI before submitting and by the driver."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Node:
+    node_id: str
+    address: str
+    resources: dict[str, float]
+    alive: bool = True
+    hostname: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def worker_slots(nodes: list[Node], per_worker: dict[str, float]) -> int:
+    """How many workers of ``per_worker`` resources the cluster can hold at once, node by node."""
+    slots = 0
+    for node in nodes:
+        if not node.alive:
+            continue
+        fit = math.inf
+        for key, need in per_worker.items():
+            if need > 0:
+                fit = min(fit, math.floor(node.resources.get(key, 0.0) / need + 1e-9))
+        slots += 0 if fit is math.inf else int(fit)
+    return slots
+
+
+def capacity_problem(num_workers: int, per_worker: dict[str, float], nodes: list[Node]) -> str | None:
+    """None if the request fits; otherwise one line that names the flags, the capacity and what fits."""
+    slots = worker_slots(nodes, per_worker)
+    if slots >= num_workers:
+        return None
+    alive = [n for n in nodes if n.alive]
+    cpus = sum(n.resources.get("CPU", 0.0) for n in alive)
+    gpus = sum(n.resources.get("GPU", 0.0) for n in alive)
+    need = ", ".join(f"{v * num_workers:g} {k}" for k, v in per_worker.items() if v > 0)
+    each = " + ".join(f"{v:g} {k}" for k, v in per_worker.items() if v > 0)
+    if slots == 0:
+        if per_worker.get("GPU", 0) > 0 and gpus == 0:
+            hint = "the cluster has no GPU: use --gpus-per-worker 0 (CPU workers) or a cluster with GPUs"
+        else:
+            hint = "no node can hold even one worker: lower --cpus-per-worker/--gpus-per-worker"
+    else:
+        hint = f"use --workers {slots} or fewer, or a bigger cluster"
+    return (
+        f"--workers {num_workers} x ({each}) needs {need}; the cluster has {cpus:g} CPU and {gpus:g} GPU "
+        f"on {len(alive)} node(s), room for {slots} worker(s): {hint}"
+    )

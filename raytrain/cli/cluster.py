@@ -1,0 +1,115 @@
+"""`raytrain cluster up|status|down`: the embedded local Ray cluster."""
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from raytrain.cli.common import handle_errors, print_json
+from raytrain.errors import ClusterError
+from raytrain.targets import local_cluster
+
+
+@click.group()
+def cluster():
+    """The embedded single-node Ray cluster (dashboard on 127.0.0.1, token auth)."""
+
+
+@cluster.command()
+@click.option("--num-cpus", type=float, help="CPUs the cluster offers (default: all).")
+@click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
+@click.option("--port", type=int, default=local_cluster.DEFAULT_PORT, show_default=True, help="GCS port.")
+@click.option("--dashboard-port", type=int, default=local_cluster.DEFAULT_DASHBOARD_PORT, show_default=True)
+@handle_errors
+def up(num_cpus, num_gpus, port, dashboard_port):
+    """Start the local cluster (no-op if it runs)."""
+    for flag, value in (("--num-cpus", num_cpus), ("--num-gpus", num_gpus)):
+        if value is not None and value < 0:
+            raise ClusterError(f"{flag} {value:g}: must be >= 0")
+    c, started = local_cluster.up(num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port)
+    verb = "started" if started else "already running"
+    click.echo(f"local Ray cluster {verb}: dashboard {c.dashboard_url} (pid {c.pid})")
+
+
+@cluster.command()
+@handle_errors
+def down():
+    """Stop the local cluster and every job on it."""
+    c = local_cluster.down()
+    click.echo("local Ray cluster stopped" if c else "no local Ray cluster is running")
+
+
+def cluster_report() -> dict:
+    from raytrain.targets.local import LocalTarget
+
+    c = local_cluster.current()
+    if c is None:
+        return {"running": False}
+    dash = c.dashboard()
+    nodes = []
+    for entry in dash.node_summaries():
+        raylet = entry.get("raylet") or {}
+        res = raylet.get("resourcesTotal") or {}
+        mem = entry.get("mem") or [0, 0]
+        nodes.append(
+            {
+                "hostname": entry.get("hostname"),
+                "ip": entry.get("ip"),
+                "head": bool(raylet.get("isHeadNode")),
+                "state": (raylet.get("state") or "ALIVE"),
+                "cpus": res.get("CPU", 0),
+                "gpus": res.get("GPU", 0),
+                "memory_total_bytes": mem[0] if mem else 0,
+                "memory_available_bytes": mem[1] if len(mem) > 1 else 0,
+                "cpu_percent": entry.get("cpu"),
+            }
+        )
+    jobs = [j.to_dict() for j in LocalTarget().list() if not j.state.terminal]
+    return {
+        "running": True,
+        "dashboard": c.dashboard_url,
+        "gcs_address": c.gcs_address,
+        "pid": c.pid,
+        "nodes": nodes,
+        "totals": {
+            "cpus": sum(n["cpus"] for n in nodes),
+            "gpus": sum(n["gpus"] for n in nodes),
+            "memory_total_bytes": sum(n["memory_total_bytes"] for n in nodes),
+        },
+        "jobs": jobs,
+    }
+
+
+@cluster.command()
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def status(as_json):
+    """Nodes, CPUs, GPUs, memory and running jobs of the local cluster."""
+    report = cluster_report()
+    if as_json:
+        print_json(report)
+        return
+    if not report["running"]:
+        click.echo("no local Ray cluster is running (start one: raytrain cluster up)")
+        return
+    console = Console()
+    console.print(f"local Ray cluster: dashboard {report['dashboard']}, GCS {report['gcs_address']}")
+    table = Table("node", "ip", "head", "CPUs", "GPUs", "memory (GiB avail/total)", "CPU %")
+    for n in report["nodes"]:
+        table.add_row(
+            n["hostname"] or "",
+            n["ip"] or "",
+            "yes" if n["head"] else "",
+            f"{n['cpus']:g}",
+            f"{n['gpus']:g}",
+            f"{n['memory_available_bytes'] / 2**30:.1f}/{n['memory_total_bytes'] / 2**30:.1f}",
+            f"{n['cpu_percent'] or 0:.0f}",
+        )
+    console.print(table)
+    if report["jobs"]:
+        jobs = Table("job", "name", "state")
+        for j in report["jobs"]:
+            jobs.add_row(j["id"], j["name"], j["state"])
+        console.print(jobs)
+    else:
+        console.print("no running jobs")

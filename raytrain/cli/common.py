@@ -1,0 +1,37 @@
+"""What every command shares: error -> exit code mapping, JSON output."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from raytrain.errors import RaytrainError
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn raytrain errors into one line on stderr and the contract's exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RaytrainError as exc:
+            click.echo(f"raytrain: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+address_option = click.option(
+    "--address",
+    envvar="RAYTRAIN_ADDRESS",
+    default=None,
+    help="Ray dashboard/Jobs address (http://HEAD:8265). Default: the local cluster. Env: RAYTRAIN_ADDRESS.",
+)

@@ -1,0 +1,112 @@
+"""`raytrain jobs list|status|logs|stop`."""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from raytrain.cli.common import address_option, handle_errors, print_json
+from raytrain.cli.progress import describe_metrics
+from raytrain.targets import make_target
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+def _duration(start: float | None, end: float | None) -> str:
+    if not start:
+        return ""
+    seconds = int((end or time.time()) - start)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+@click.group()
+def jobs():
+    """Jobs raytrain submitted to a cluster."""
+
+
+@jobs.command("list")
+@address_option
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def list_jobs(address, as_json):
+    """Every raytrain job on the cluster, newest first."""
+    target = make_target(address, auto_start=False)
+    infos = target.list() if getattr(target, "cluster", True) is not None else []
+    if as_json:
+        print_json([i.to_dict() for i in infos])
+        return
+    if not infos:
+        click.echo("no raytrain jobs")
+        return
+    table = Table("id", "name", "state", "workers", "started", "duration")
+    for i in infos:
+        table.add_row(
+            i.job_id, i.name, i.state.value, i.metadata.get("workers", ""), _when(i.start_time),
+            _duration(i.start_time, i.end_time),
+        )
+    Console().print(table)
+
+
+@jobs.command()
+@click.argument("job_id")
+@address_option
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def status(job_id, address, as_json):
+    """State, last metrics and outcome of one job."""
+    info = make_target(address, auto_start=False).status(job_id)
+    if as_json:
+        print_json(info.to_dict())
+        return
+    facts = info.facts
+    click.echo(f"id        {info.job_id}")
+    click.echo(f"name      {info.name}")
+    click.echo(f"state     {info.state.value}")
+    click.echo(f"started   {_when(info.start_time)}  ({_duration(info.start_time, info.end_time)})")
+    if facts and facts.last_metrics:
+        click.echo(f"last      {describe_metrics(facts.last_metrics)}")
+    if facts and facts.restarts:
+        click.echo(f"restarts  {facts.restarts}")
+    if facts and facts.error:
+        click.echo(f"error     {facts.error.get('type', '')} {facts.error.get('message', '')}".rstrip())
+    elif info.message and info.state.terminal:
+        click.echo(f"message   {info.message}")
+
+
+@jobs.command()
+@click.argument("job_id")
+@address_option
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@handle_errors
+def logs(job_id, address, follow):
+    """The job's log (driver and workers)."""
+    target = make_target(address, auto_start=False)
+    if follow:
+        try:
+            target.follow(job_id, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        except KeyboardInterrupt:
+            sys.exit(130)
+    else:
+        sys.stdout.write(target.logs(job_id))
+
+
+@jobs.command()
+@click.argument("job_id")
+@address_option
+@click.option("--wait/--no-wait", default=True, help="Wait until the job has stopped (default).")
+@handle_errors
+def stop(job_id, address, wait):
+    """Stop a job and free its workers."""
+    target = make_target(address, auto_start=False)
+    target.stop(job_id)
+    info = target.status(job_id, with_facts=False)
+    deadline = time.monotonic() + 60
+    while wait and not info.state.terminal and time.monotonic() < deadline:
+        time.sleep(0.5)
+        info = target.status(job_id, with_facts=False)
+    click.echo(f"{job_id}: {info.state.value}")

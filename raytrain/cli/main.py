@@ -1,0 +1,23 @@
+"""The `raytrain` command: a thin layer over raytrain.api and raytrain.targets."""
+from __future__ import annotations
+
+import click
+
+from raytrain import __version__
+from raytrain.cli.cluster import cluster
+from raytrain.cli.jobs import jobs
+from raytrain.cli.submit import submit
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="raytrain")
+def main():
+    """Distributed PyTorch training with DeepSpeed on Ray clusters."""
+
+
+main.add_command(submit)
+main.add_command(cluster)
+main.add_command(jobs)
+
+if __name__ == "__main__":
+    main()

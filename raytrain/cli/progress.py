@@ -1,0 +1,90 @@
+"""Render a job's log as it arrives: log lines above, a live progress line (step, loss, throughput)."""
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from raytrain import events
+
+
+def describe_metrics(m: dict) -> str:
+    parts = [f"step {m.get('step', '?')}"]
+    if isinstance(m.get("loss"), (int, float)):
+        parts.append(f"loss {m['loss']:.4f}")
+    if isinstance(m.get("samples_per_s"), (int, float)):
+        parts.append(f"{m['samples_per_s']:.1f} samples/s")
+    if isinstance(m.get("step_time_s"), (int, float)):
+        parts.append(f"{m['step_time_s'] * 1000:.0f} ms/step")
+    for key, value in m.items():
+        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "elapsed_s"):
+            continue
+        if isinstance(value, float):
+            parts.append(f"{key} {value:.4g}")
+        elif isinstance(value, (int, str)) and len(str(value)) < 24:
+            parts.append(f"{key} {value}")
+    return "  ".join(parts)
+
+
+class ProgressPrinter:
+    """Feed it log text (``on_text``); it prints log lines and keeps one live progress line."""
+
+    def __init__(self, console: Console | None = None, *, show_logs: bool = True):
+        self.console = console or Console(stderr=False)
+        self.show_logs = show_logs
+        self.facts = events.JobFacts()
+        self._partial = ""
+        self._started = time.monotonic()
+        self._live: Live | None = None
+
+    def __enter__(self) -> "ProgressPrinter":
+        if self.console.is_terminal:
+            self._live = Live(self._status(), console=self.console, refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._partial:
+            self._line(self._partial)
+            self._partial = ""
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def _status(self) -> Text:
+        elapsed = time.monotonic() - self._started
+        last = self.facts.last_metrics
+        state = "waiting for workers" if self.facts.started is None else "training"
+        body = describe_metrics(last) if last else state
+        return Text(f"[{elapsed:5.0f}s] {body}", style="bold cyan")
+
+    def on_text(self, text: str) -> None:
+        text = self._partial + text
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._line(line)
+        if self._live is not None:
+            self._live.update(self._status())
+
+    def _line(self, line: str) -> None:
+        event = events.parse_line(line)
+        if event is None:
+            if self.show_logs and line.strip():
+                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        self.facts.add(event)
+        kind = event.get("event")
+        if kind == events.METRICS and self._live is None:
+            self.console.print(describe_metrics(event), markup=False, highlight=False)
+        elif kind == events.STARTED:
+            self.console.print(
+                f"raytrain: training {event.get('name')} on {event.get('workers')} worker(s), "
+                f"ZeRO-{event.get('zero')}, {event.get('precision')}, global batch {event.get('train_batch')}",
+                markup=False,
+                highlight=False,
+            )
+        elif kind == events.RESTARTING:
+            self.console.print(f"raytrain: workers restarting: {event.get('reason', '')}", markup=False)

@@ -1,0 +1,155 @@
+"""`raytrain submit JOB.py [options] [-- JOB_ARGS...]`"""
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from raytrain import api
+from raytrain.cli.common import address_option, handle_errors, print_json
+from raytrain.cli.progress import ProgressPrinter, describe_metrics
+from raytrain.config.options import OFFLOADS, PRECISIONS, Options, load_profile
+from raytrain.errors import ConfigError
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env {pair}: expected KEY=VALUE", flag="--env")
+        env[key] = value
+    return env
+
+
+def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
+    """Flags over the --config profile; unset flags stay None so later layers can fill them."""
+    profile = load_profile(flags["config"]) if flags.get("config") else Options()
+    given = Options(
+        job=job,
+        job_args=list(job_args),
+        address=flags.get("address"),
+        workers=flags.get("workers"),
+        gpus_per_worker=flags.get("gpus_per_worker"),
+        cpus_per_worker=flags.get("cpus_per_worker"),
+        zero=flags.get("zero"),
+        offload=flags.get("offload"),
+        precision=flags.get("precision"),
+        micro_batch=flags.get("micro_batch"),
+        grad_accum=flags.get("grad_accum"),
+        train_batch=flags.get("train_batch"),
+        ds_config=flags.get("ds_config"),
+        name=flags.get("name"),
+        storage=flags.get("storage"),
+        env=_parse_env(flags.get("env") or ()),
+    )
+    return given.merged_over(profile)
+
+
+def submit_options(fn):
+    """The options shared by `submit` (and later `plan`)."""
+    for decorator in reversed(
+        [
+            address_option,
+            click.option("--workers", type=int, help="Number of workers (one per GPU). Default 1."),
+            click.option(
+                "--gpus-per-worker",
+                type=float,
+                help="GPUs per worker; 0 = CPU workers on gloo. Default: 1 if the cluster has GPUs, else 0.",
+            ),
+            click.option("--cpus-per-worker", type=float, help="CPUs reserved per worker. Default 1."),
+            click.option("--zero", type=int, help="ZeRO stage 0-3. Default 1."),
+            click.option("--offload", type=click.Choice(OFFLOADS), help="ZeRO-Offload to CPU. Default none."),
+            click.option("--precision", type=click.Choice(PRECISIONS), help="Default fp32."),
+            click.option("--micro-batch", type=int, help="Micro-batch per worker. Default 1."),
+            click.option("--grad-accum", type=int, help="Gradient accumulation steps. Default 1."),
+            click.option("--train-batch", type=int, help="Global batch; must equal micro x accum x data-parallel."),
+            click.option("--ds-config", type=click.Path(), help="DeepSpeed JSON merged under the flags."),
+            click.option("--config", type=click.Path(), help="YAML/TOML profile with the same keys; flags win."),
+            click.option("--name", help="Job name (default: the job file's name)."),
+            click.option("--storage", help="Ray Train storage path or URI for this run's results."),
+            click.option("--env", multiple=True, metavar="KEY=VALUE", help="Environment for the job (repeatable)."),
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("job", type=click.Path(dir_okay=False), required=False)
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+@submit_options
+@click.option("--no-wait", is_flag=True, help="Print the job id and return once submitted.")
+@click.option("--dry-run", is_flag=True, help="Print the exact request; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="Only the progress line, not the job's log.")
+@click.option("--stop-on-interrupt", is_flag=True, help="Ctrl-C stops the job (default: it keeps running).")
+@handle_errors
+def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, **flags):
+    """Run JOB.py's train(ctx) on Ray workers with DeepSpeed.
+
+    Arguments after `--` are passed to the job as ctx.args.
+    """
+    options = options_from_flags(job, job_args, **flags)
+    target, request = api.dry_run(options)
+    plan = request.plan
+    if dry_run:
+        out = {
+            **request.to_dict(),
+            "deepspeed": plan.deepspeed,
+            "scaling": {
+                "workers": plan.scaling.num_workers,
+                "num_workers": plan.scaling.num_workers,
+                "use_gpu": plan.scaling.use_gpu,
+                "resources_per_worker": plan.scaling.resources_per_worker,
+                "placement_strategy": plan.scaling.placement_strategy,
+            },
+            "parallel": plan.parallel,
+            "plan": plan.to_dict(),
+        }
+        if as_json:
+            print_json(out)
+        else:
+            click.echo(f"target      {request.target} ({request.address})")
+            click.echo(f"job         {plan.job_file} {' '.join(plan.job_args)}")
+            click.echo(f"entrypoint  {request.entrypoint}")
+            click.echo(
+                f"scaling     {plan.scaling.num_workers} worker(s) x {plan.scaling.resources_per_worker}"
+                f"{' (GPU)' if plan.scaling.use_gpu else ' (CPU, gloo)'}"
+            )
+            click.echo("deepspeed")
+            print_json(plan.deepspeed)
+        return
+
+    console = Console(stderr=as_json)
+    handle = api.submit_request(target, request)
+    if no_wait:
+        if as_json:
+            print_json({"id": handle.job_id, "name": handle.name, "address": handle.address})
+        else:
+            console.print(f"submitted {handle.job_id}")
+            console.print(f"  follow: raytrain jobs logs {handle.job_id} --follow")
+        return
+    console.print(f"raytrain: submitted {handle.job_id} to {handle.address}", highlight=False)
+    printer = ProgressPrinter(console, show_logs=not quiet)
+    try:
+        with printer:
+            info = api.wait(handle, target, on_text=printer.on_text)
+    except KeyboardInterrupt:
+        if stop_on_interrupt:
+            target.stop(handle.job_id)
+            console.print(f"\nraytrain: stopped {handle.job_id}")
+        else:
+            console.print(
+                f"\nraytrain: {handle.job_id} keeps running.\n"
+                f"  follow: raytrain jobs logs {handle.job_id} --follow\n"
+                f"  stop:   raytrain jobs stop {handle.job_id}"
+            )
+        sys.exit(130)
+    last = info.facts.last_metrics if info.facts else None
+    if as_json:
+        print_json(info.to_dict())
+    else:
+        summary = describe_metrics(last) if last else "no metrics reported"
+        console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False)

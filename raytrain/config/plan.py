@@ -1,0 +1,48 @@
+"""The validated plan: everything a target needs to run a job, and nothing target-specific."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Scaling:
+    """The Ray Train scaling request: one worker per GPU (or per CPU slot on gloo)."""
+
+    num_workers: int
+    use_gpu: bool
+    resources_per_worker: dict[str, float]
+    placement_strategy: str = "PACK"
+
+    def total(self) -> dict[str, float]:
+        return {k: v * self.num_workers for k, v in self.resources_per_worker.items()}
+
+
+@dataclass
+class Plan:
+    name: str
+    job_file: str  # absolute path on the submitting machine
+    job_dir: str  # shipped as working_dir
+    job_module: str  # the job file's path inside job_dir
+    job_args: list[str]
+    deepspeed: dict[str, Any]
+    scaling: Scaling
+    parallel: dict[str, int]  # dp, tp, pp
+    precision: str
+    zero: int
+    offload: str
+    storage: str | None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        data = dict(data)
+        data["scaling"] = Scaling(**data["scaling"])
+        return cls(**data)

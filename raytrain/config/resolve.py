@@ -1,0 +1,303 @@
+"""Pure resolution: Options (+ a --ds-config) -> a validated Plan with the exact DeepSpeed dict.
+
+No Ray, no torch, no network: everything here is unit-testable in milliseconds. Each rule raises a
+ConfigError whose message names the flag, the value and what would work.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from raytrain.config.jobfile import check_job_file
+from raytrain.config.options import DEFAULTS, OFFLOADS, PRECISIONS, ZERO_STAGES, Options
+from raytrain.config.plan import Plan, Scaling
+from raytrain.errors import ConfigError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Defaults raytrain adds to every DeepSpeed config (a --ds-config may override each).
+DS_BASE: dict[str, Any] = {
+    "steps_per_print": 2**31 - 1,  # raytrain prints progress itself
+    "wall_clock_breakdown": False,
+}
+FP16_DEFAULTS = {
+    "enabled": True,
+    "loss_scale": 0,  # dynamic loss scaling
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
+
+
+def load_ds_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"--ds-config {path}: no such file", flag="--ds-config")
+    try:
+        data = json.loads(p.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"--ds-config {path}: not valid JSON: {exc}", flag="--ds-config") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"--ds-config {path}: expected a JSON object", flag="--ds-config")
+    return data
+
+
+def _given(value: Any) -> bool:
+    """A ds-config value that says something (HF-style "auto" leaves the choice to raytrain)."""
+    return value is not None and value != "auto"
+
+
+def _ds_view(ds: dict[str, Any]) -> dict[str, Any]:
+    """The options a DeepSpeed config implies, keyed like Options fields, with the key they came from."""
+    view: dict[str, Any] = {}
+    zero = ds.get("zero_optimization") or {}
+    if _given(zero.get("stage")):
+        view["zero"] = (zero["stage"], "zero_optimization.stage")
+    for key, name in (
+        ("train_micro_batch_size_per_gpu", "micro_batch"),
+        ("gradient_accumulation_steps", "grad_accum"),
+        ("train_batch_size", "train_batch"),
+    ):
+        if _given(ds.get(key)):
+            view[name] = (ds[key], key)
+    fp16 = (ds.get("fp16") or {}).get("enabled")
+    bf16 = (ds.get("bf16") or ds.get("bfloat16") or {}).get("enabled")
+    if fp16 is True and bf16 is True:
+        raise ConfigError("--ds-config enables both fp16 and bf16; enable one", flag="--ds-config")
+    if fp16 is True:
+        view["precision"] = ("fp16", "fp16.enabled")
+    elif bf16 is True:
+        view["precision"] = ("bf16", "bf16.enabled")
+    elif fp16 is False or bf16 is False:
+        if fp16 is not True and bf16 is not True and ("fp16" in ds or "bf16" in ds):
+            view["precision"] = ("fp32", "fp16/bf16.enabled")
+    opt_dev = (zero.get("offload_optimizer") or {}).get("device")
+    par_dev = (zero.get("offload_param") or {}).get("device")
+    if _given(opt_dev) or _given(par_dev):
+        offloaded_opt = opt_dev not in (None, "none", "auto")
+        offloaded_par = par_dev not in (None, "none", "auto")
+        value = "all" if offloaded_par else ("optimizer" if offloaded_opt else "none")
+        view["offload"] = (value, "zero_optimization.offload_optimizer/offload_param.device")
+    return view
+
+
+FLAG_OF = {
+    "zero": "--zero",
+    "micro_batch": "--micro-batch",
+    "grad_accum": "--grad-accum",
+    "train_batch": "--train-batch",
+    "precision": "--precision",
+    "offload": "--offload",
+}
+
+
+def _merge_ds_under_flags(opts: Options, ds: dict[str, Any], ds_path: str | None) -> Options:
+    """Fill unset options from the ds-config; a set option that disagrees with it is an error."""
+    values = {}
+    for name, (ds_value, ds_key) in _ds_view(ds).items():
+        mine = getattr(opts, name)
+        if mine is None:
+            values[name] = ds_value
+        elif mine != ds_value:
+            raise ConfigError(
+                f"{FLAG_OF[name]} {mine} contradicts --ds-config {ds_path} ({ds_key} = {ds_value}); "
+                f"drop one of them or make them agree",
+                flag=FLAG_OF[name],
+            )
+    return opts.merged_over(Options(**values)) if values else opts
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(
+            f"{FLAG_OF.get(name, '--' + name.replace('_', '-'))} {value!r}: must be an integer >= {minimum}",
+            flag=FLAG_OF.get(name),
+        )
+    return value
+
+
+def _check_number(flag: str, value: Any, minimum: float, strict: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        value <= minimum if strict else value < minimum
+    ):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ConfigError(f"{flag} {value!r}: must be a number {bound}", flag=flag)
+    return float(value)
+
+
+def _batch_sizes(opts: Options, dp: int) -> tuple[int, int, int]:
+    """(micro, accum, train_batch) with train_batch = micro x accum x dp; derive what is missing."""
+    micro, accum, total = opts.micro_batch, opts.grad_accum, opts.train_batch
+    if micro is not None:
+        _check_int("micro_batch", micro, 1)
+    if accum is not None:
+        _check_int("grad_accum", accum, 1)
+    if total is None:
+        micro = micro or DEFAULTS["micro_batch"]
+        accum = accum or DEFAULTS["grad_accum"]
+        return micro, accum, micro * accum * dp
+    _check_int("train_batch", total, 1)
+    if micro is None and accum is None:
+        micro = DEFAULTS["micro_batch"]
+    if accum is None:
+        if total % (micro * dp):
+            raise ConfigError(
+                f"--train-batch {total} is not divisible by micro-batch {micro} x data-parallel size {dp} "
+                f"= {micro * dp}; use a multiple of {micro * dp} (e.g. {max(1, total // (micro * dp)) * micro * dp})",
+                flag="--train-batch",
+            )
+        accum = total // (micro * dp)
+    elif micro is None:
+        if total % (accum * dp):
+            raise ConfigError(
+                f"--train-batch {total} is not divisible by grad-accum {accum} x data-parallel size {dp} "
+                f"= {accum * dp}; use a multiple of {accum * dp}",
+                flag="--train-batch",
+            )
+        micro = total // (accum * dp)
+    elif micro * accum * dp != total:
+        raise ConfigError(
+            f"--train-batch {total} != micro-batch {micro} x grad-accum {accum} x data-parallel size {dp} "
+            f"= {micro * accum * dp}; drop --train-batch or make them agree",
+            flag="--train-batch",
+        )
+    return micro, accum, total
+
+
+def _deepspeed_dict(
+    ds: dict[str, Any], *, zero: int, offload: str, precision: str, micro: int, accum: int, total: int, use_gpu: bool
+) -> dict[str, Any]:
+    out = copy.deepcopy(DS_BASE)
+    out.update(copy.deepcopy(ds))
+    out["train_batch_size"] = total
+    out["train_micro_batch_size_per_gpu"] = micro
+    out["gradient_accumulation_steps"] = accum
+    zero_cfg = dict(out.get("zero_optimization") or {})
+    zero_cfg["stage"] = zero
+    if offload == "none":
+        zero_cfg.pop("offload_optimizer", None)
+        zero_cfg.pop("offload_param", None)
+    if offload in ("optimizer", "all"):
+        zero_cfg["offload_optimizer"] = {
+            **(ds.get("zero_optimization", {}).get("offload_optimizer") or {}),
+            "device": "cpu",
+            "pin_memory": use_gpu,
+        }
+    if offload == "all":
+        zero_cfg["offload_param"] = {
+            **(ds.get("zero_optimization", {}).get("offload_param") or {}),
+            "device": "cpu",
+            "pin_memory": use_gpu,
+        }
+    out["zero_optimization"] = zero_cfg
+    if offload != "none" and "optimizer" not in out:
+        # raytrain passes a client torch optimizer; DeepSpeed must not insist on DeepSpeedCPUAdam.
+        out.setdefault("zero_force_ds_cpu_optimizer", False)
+    out.pop("bfloat16", None)
+    if precision == "fp16":
+        out["fp16"] = {**FP16_DEFAULTS, **{k: v for k, v in (ds.get("fp16") or {}).items() if _given(v)}}
+        out["fp16"]["enabled"] = True
+        out.pop("bf16", None)
+    elif precision == "bf16":
+        out["bf16"] = {**{k: v for k, v in (ds.get("bf16") or ds.get("bfloat16") or {}).items() if _given(v)}}
+        out["bf16"]["enabled"] = True
+        out.pop("fp16", None)
+    else:
+        out.pop("fp16", None)
+        out.pop("bf16", None)
+    # Drop any remaining HF-style "auto" placeholders at the top level: DeepSpeed cannot read them.
+    return {k: v for k, v in out.items() if v != "auto"}
+
+
+def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
+    """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
+    job = check_job_file(opts.job)
+    ds = load_ds_config(opts.ds_config)
+    opts = _merge_ds_under_flags(opts, ds, opts.ds_config)
+    opts = opts.merged_over(Options(**DEFAULTS, gpus_per_worker=1.0 if cluster_has_gpus else 0.0))
+
+    workers = _check_int("workers", opts.workers, 1)
+    gpus = _check_number("--gpus-per-worker", opts.gpus_per_worker, 0, strict=False)
+    cpus = _check_number("--cpus-per-worker", opts.cpus_per_worker, 0, strict=True)
+    if opts.zero not in ZERO_STAGES:
+        raise ConfigError(f"--zero {opts.zero}: unknown ZeRO stage; use 0, 1, 2 or 3", flag="--zero")
+    if opts.offload not in OFFLOADS:
+        raise ConfigError(f"--offload {opts.offload}: use one of {', '.join(OFFLOADS)}", flag="--offload")
+    if opts.precision not in PRECISIONS:
+        raise ConfigError(
+            f"--precision {opts.precision}: use one of {', '.join(PRECISIONS)}", flag="--precision"
+        )
+    use_gpu = gpus > 0
+    if opts.precision == "fp16" and not use_gpu:
+        raise ConfigError(
+            "--precision fp16 needs GPU workers (DeepSpeed refuses fp16 on CPU); "
+            "use --precision bf16 (or fp32) on CPU workers, or give --gpus-per-worker 1",
+            flag="--precision",
+        )
+    if opts.offload != "none" and opts.zero == 0:
+        raise ConfigError(
+            f"--offload {opts.offload} needs ZeRO: offloading moves ZeRO-partitioned state to CPU; "
+            f"add --zero {3 if opts.offload == 'all' else 2}",
+            flag="--offload",
+        )
+    if opts.offload == "all" and opts.zero != 3:
+        raise ConfigError(
+            f"--offload all also offloads parameters, which needs --zero 3 (got --zero {opts.zero}); "
+            "use --zero 3, or --offload optimizer with stage 1 or 2",
+            flag="--offload",
+        )
+    if gpus and gpus != int(gpus) and gpus > 1:
+        raise ConfigError(
+            f"--gpus-per-worker {gpus:g}: fractions are only possible below 1 GPU; use a whole number",
+            flag="--gpus-per-worker",
+        )
+    name = opts.name or Path(job.relative).stem.replace("_", "-")
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"--name {name!r}: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            flag="--name",
+        )
+    env = {}
+    for key, value in (opts.env or {}).items():
+        if not ENV_KEY_RE.match(str(key)):
+            raise ConfigError(f"--env {key}={value}: {key!r} is not a valid variable name", flag="--env")
+        env[str(key)] = str(value)
+
+    tp, pp = 1, 1  # model parallel sizes; data-parallel size is what is left
+    dp = workers // (tp * pp)
+    micro, accum, total = _batch_sizes(opts, dp)
+    deepspeed = _deepspeed_dict(
+        ds,
+        zero=opts.zero,
+        offload=opts.offload,
+        precision=opts.precision,
+        micro=micro,
+        accum=accum,
+        total=total,
+        use_gpu=use_gpu,
+    )
+    resources = {"CPU": cpus}
+    if use_gpu:
+        resources["GPU"] = gpus
+    return Plan(
+        name=name,
+        job_file=str(job.path),
+        job_dir=str(job.directory),
+        job_module=job.relative,
+        job_args=list(opts.job_args or []),
+        deepspeed=deepspeed,
+        scaling=Scaling(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
+        parallel={"dp": dp, "tp": tp, "pp": pp},
+        precision=opts.precision,
+        zero=opts.zero,
+        offload=opts.offload,
+        storage=opts.storage,
+        env=env,
+    )

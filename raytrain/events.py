@@ -1,0 +1,81 @@
+"""The line protocol between the worker runtime and the control plane.
+
+The runtime prints one JSON object per line after a fixed marker; Ray forwards worker and driver stdout
+into the job's log, and the CLI (progress, ``jobs status``, ``jobs logs``) reads the same lines back. A
+log is therefore the single record of what a job did.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+MARKER = "@@raytrain "
+
+# Event kinds.
+STARTED = "started"  # driver: plan summary, before workers start
+CAPACITY = "capacity"  # driver: the cluster cannot hold the request (config error, exit 2)
+METRICS = "metrics"  # rank 0: step, loss, throughput, user metrics
+RESTARTING = "restarting"  # driver: the worker group is restarting after a failure
+FINISHED = "finished"  # driver: training returned; final metrics
+ERROR = "error"  # driver: training raised; message and exception type
+
+
+def format_event(kind: str, **data: Any) -> str:
+    return MARKER + json.dumps({"event": kind, **data}, default=str, separators=(",", ":"))
+
+
+def parse_line(line: str) -> dict | None:
+    """The event on a log line, or None. Tolerates Ray's ``(RayTrainWorker pid=..)`` prefixes."""
+    idx = line.find(MARKER)
+    if idx < 0:
+        return None
+    try:
+        event = json.loads(line[idx + len(MARKER):])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None
+
+
+@dataclass
+class JobFacts:
+    """What a job's log says about it: the facts status, logs and progress all read."""
+
+    started: dict | None = None
+    metrics: list[dict] = field(default_factory=list)
+    restarts: int = 0
+    restarting: bool = False  # a restart was announced and no step has been reported since
+    finished: dict | None = None
+    error: dict | None = None
+
+    def add(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == STARTED:
+            self.started = event
+        elif kind == METRICS:
+            self.metrics.append(event)
+            self.restarting = False
+        elif kind == RESTARTING:
+            self.restarts += 1
+            self.restarting = True
+        elif kind == FINISHED:
+            self.finished = event
+        elif kind in (ERROR, CAPACITY):
+            self.error = event
+
+    @property
+    def last_metrics(self) -> dict | None:
+        return self.metrics[-1] if self.metrics else None
+
+    @property
+    def losses(self) -> list[float]:
+        return [m["loss"] for m in self.metrics if isinstance(m.get("loss"), (int, float))]
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str]) -> "JobFacts":
+        facts = cls()
+        for line in lines:
+            event = parse_line(line)
+            if event:
+                facts.add(event)
+        return facts

@@ -1,0 +1,110 @@
+"""The Ray job entrypoint: ``python -m raytrain.runtime.driver``, run by the cluster for each submission.
+
+Reads the plan from ``$RAYTRAIN_PLAN``, checks the cluster can hold it, runs Ray Train's TorchTrainer and
+prints events (see raytrain.events) that the CLI follows. Exit status: 0 done, 1 training failed,
+3 the cluster cannot hold the request.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+from raytrain import events
+from raytrain.capacity import Node, capacity_problem
+
+EXIT_TRAINING_FAILED = 1
+EXIT_CAPACITY = 3
+
+
+def emit(kind: str, **data) -> None:
+    print(events.format_event(kind, **data), flush=True)
+
+
+def cluster_nodes() -> list[Node]:
+    import ray
+
+    return [
+        Node(
+            node_id=n["NodeID"],
+            address=n.get("NodeManagerAddress", ""),
+            resources=dict(n.get("Resources") or {}),
+            alive=bool(n.get("Alive")),
+            hostname=n.get("NodeManagerHostname", ""),
+        )
+        for n in ray.nodes()
+    ]
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(nxt, BaseException):
+            break
+        exc = nxt
+    return exc
+
+
+def main() -> int:
+    plan = json.loads(os.environ["RAYTRAIN_PLAN"])
+    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan["name"]
+    import ray
+
+    ray.init(log_to_driver=True)
+    scaling = plan["scaling"]
+    problem = capacity_problem(scaling["num_workers"], scaling["resources_per_worker"], cluster_nodes())
+    if problem:
+        emit(events.CAPACITY, message=problem)
+        return EXIT_CAPACITY
+
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raytrain.runtime.worker import train_loop_per_worker
+
+    emit(
+        events.STARTED,
+        name=plan["name"],
+        run=run_name,
+        workers=scaling["num_workers"],
+        use_gpu=scaling["use_gpu"],
+        zero=plan["zero"],
+        precision=plan["precision"],
+        train_batch=plan["deepspeed"]["train_batch_size"],
+    )
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"plan": plan},
+        scaling_config=ScalingConfig(
+            num_workers=scaling["num_workers"],
+            use_gpu=scaling["use_gpu"],
+            resources_per_worker=scaling["resources_per_worker"],
+            placement_strategy=scaling.get("placement_strategy", "PACK"),
+        ),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=plan.get("storage") or None,
+            failure_config=FailureConfig(max_failures=0),
+        ),
+    )
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
+        cause = _root_cause(exc)
+        traceback.print_exc()
+        lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+        emit(events.ERROR, type=type(cause).__name__, message=(lines[-1] if lines else "")[:500])
+        return EXIT_TRAINING_FAILED
+    emit(
+        events.FINISHED,
+        metrics=result.metrics,
+        path=getattr(result, "path", None),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""DeepSpeed engine construction: the one place that imports deepspeed."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _skip_shm_comm_on_cpu(deepspeed: Any) -> None:
+    """Skip DeepSpeed's shared-memory allreduce op on CPU workers.
+
+    Every CPU ``deepspeed.initialize`` otherwise compiles ``deepspeed_shm_comm`` on first use (minutes on
+    a small machine); training never uses it (it serves inference all-reduce). Set
+    ``RAYTRAIN_DS_SHM_COMM=1`` to keep it.
+    """
+    if os.environ.get("RAYTRAIN_DS_SHM_COMM") == "1":
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def build_engine(model: Any, *, optimizer: Any, config: dict, lr_scheduler: Any, model_parameters: Any, **kwargs: Any):
+    import deepspeed
+    import torch.distributed as dist
+
+    _skip_shm_comm_on_cpu(deepspeed)
+    if not dist.is_initialized():  # Ray Train sets up the process group; this covers plain use
+        deepspeed.init_distributed()
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        model_parameters=model_parameters,
+        lr_scheduler=lr_scheduler,
+        config=config,
+        **kwargs,
+    )
+    return engine

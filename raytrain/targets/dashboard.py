@@ -1,0 +1,93 @@
+"""Small HTTP client for a Ray dashboard: reachability, auth headers, nodes and capacity."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from raytrain.capacity import Node
+from raytrain.errors import ClusterError
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def normalize_address(address: str) -> str:
+    """``host:port`` or ``http(s)://host:port`` -> a dashboard URL. ``ray://`` (Ray Client) is refused."""
+    address = address.strip().rstrip("/")
+    if address.startswith("ray://"):
+        raise ClusterError(
+            f"--address {address}: raytrain submits through the Ray Jobs API; give the dashboard address, "
+            "e.g. http://HEAD:8265"
+        )
+    if "://" not in address:
+        address = "http://" + address
+    return address
+
+
+def token_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def user_token() -> str | None:
+    """A Ray auth token the user configured for remote clusters (same places Ray itself looks)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path and Path(path).is_file():
+        return Path(path).read_text().strip()
+    default = Path.home() / ".ray" / "auth_token"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" and default.is_file():
+        return default.read_text().strip()
+    return None
+
+
+class Dashboard:
+    def __init__(self, address: str, headers: dict[str, str] | None = None):
+        self.address = normalize_address(address)
+        self.headers = dict(headers or {})
+
+    def get(self, path: str, timeout: float = CONNECT_TIMEOUT_S) -> Any:
+        import requests
+
+        url = self.address + path
+        try:
+            resp = requests.get(url, headers=self.headers, timeout=timeout)
+        except requests.exceptions.RequestException as exc:
+            raise ClusterError(
+                f"cannot reach the Ray cluster at {self.address} ({type(exc).__name__}); "
+                "is it running? (`raytrain cluster up` starts the local one; check --address)"
+            ) from exc
+        if resp.status_code in (401, 403):
+            raise ClusterError(
+                f"the Ray cluster at {self.address} refused raytrain's credentials (HTTP {resp.status_code}); "
+                "give its token with RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+            )
+        if resp.status_code >= 400:
+            raise ClusterError(f"{url}: HTTP {resp.status_code}: {resp.text[:200]}")
+        return resp.json()
+
+    def check_reachable(self) -> dict:
+        """The cluster's version info; a clear ClusterError within a few seconds otherwise."""
+        return self.get("/api/version")
+
+    def nodes(self) -> list[Node]:
+        data = self.get("/nodes?view=summary")
+        out = []
+        for entry in (data.get("data") or {}).get("summary") or []:
+            raylet = entry.get("raylet") or {}
+            state = raylet.get("state") or (raylet.get("stateSnapshot") or {}).get("state") or "ALIVE"
+            out.append(
+                Node(
+                    node_id=raylet.get("nodeId", ""),
+                    address=raylet.get("nodeManagerAddress") or entry.get("ip", ""),
+                    resources=dict(raylet.get("resourcesTotal") or {}),
+                    alive=str(state).upper() in ("ALIVE", "ACTIVE", "IDLE"),
+                    hostname=entry.get("hostname", ""),
+                    labels=dict(raylet.get("labels") or {}),
+                )
+            )
+        return out
+
+    def node_summaries(self) -> list[dict]:
+        """Raw per-node summary (memory, CPU use) for `cluster status`."""
+        return ((self.get("/nodes?view=summary").get("data") or {}).get("summary")) or []

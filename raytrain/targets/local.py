@@ -1,0 +1,55 @@
+"""The embedded local cluster as a submission target: started on demand, same Jobs API underneath."""
+from __future__ import annotations
+
+import sys
+
+from raytrain import paths
+from raytrain.config.plan import Plan
+from raytrain.errors import ClusterError
+from raytrain.targets import local_cluster
+from raytrain.targets.base import JobHandle, Request
+from raytrain.targets.ray_jobs import RayJobsTarget
+
+
+class LocalTarget(RayJobsTarget):
+    """Jobs run on this machine; the entrypoint uses this very interpreter, so raytrain is importable."""
+
+    kind = "local"
+
+    def __init__(self, *, auto_start: bool = True):
+        self.auto_start = auto_start
+        self.cluster = local_cluster.current()
+        address = (
+            self.cluster.dashboard_url
+            if self.cluster
+            else f"http://127.0.0.1:{local_cluster.DEFAULT_DASHBOARD_PORT}"
+        )
+        super().__init__(
+            address, token=self.cluster.token if self.cluster else "", python=sys.executable, ship_raytrain=False
+        )
+
+    def default_storage(self) -> str | None:
+        return str(paths.default_storage())
+
+    def ensure_running(self) -> bool:
+        """Start the cluster if it is not running; True if this call started it."""
+        if self.cluster is not None:
+            return False
+        if not self.auto_start:
+            raise ClusterError("the local Ray cluster is not running; start it with `raytrain cluster up`")
+        self.cluster, started = local_cluster.up()
+        self._connect(self.cluster.dashboard_url, self.cluster.token)
+        return started
+
+    @property
+    def client(self):
+        if self.cluster is None:
+            raise ClusterError("the local Ray cluster is not running; start it with `raytrain cluster up`")
+        return super().client
+
+    def nodes(self):
+        return [] if self.cluster is None else super().nodes()
+
+    def submit(self, request: Request) -> JobHandle:
+        self.ensure_running()
+        return super().submit(request)

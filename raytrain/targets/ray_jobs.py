@@ -1,0 +1,162 @@
+"""Any Ray cluster reachable through its dashboard's Jobs API (``--address``)."""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Callable
+
+import raytrain
+from raytrain.config.plan import Plan
+from raytrain.errors import ClusterError, RaytrainError
+from raytrain.events import JobFacts
+from raytrain.jobs.state import JobInfo, state_of
+from raytrain.targets.base import (
+    RUNTIME_ENV_VARS,
+    SECRET_EXCLUDES,
+    JobHandle,
+    Request,
+    Target,
+    new_submission_id,
+)
+from raytrain.targets.dashboard import Dashboard, token_headers, user_token
+
+METADATA_KEY = "raytrain"
+
+
+class RayJobsTarget(Target):
+    """Submit to the Jobs API at ``address``. ``python`` is the interpreter the entrypoint runs with."""
+
+    kind = "address"
+
+    def __init__(self, address: str, *, token: str | None = None, python: str = "python", ship_raytrain: bool = True):
+        self.python = python
+        self.ship_raytrain = ship_raytrain
+        self._connect(address, token if token is not None else user_token())
+
+    def _connect(self, address: str, token: str | None) -> None:
+        self.dashboard = Dashboard(address, token_headers(token))
+        self.address = self.dashboard.address
+        self._client = None
+
+    # -- building the request (no side effects) ---------------------------------------------------
+    def default_storage(self) -> str | None:
+        return None  # Ray's default on the head node (~/ray_results)
+
+    def runtime_env(self, plan: Plan, run_name: str) -> dict:
+        env_vars = {**RUNTIME_ENV_VARS, **plan.env, "RAYTRAIN_PLAN": plan.to_json(), "RAYTRAIN_RUN_NAME": run_name}
+        runtime_env = {
+            "working_dir": plan.job_dir,
+            "excludes": list(SECRET_EXCLUDES),
+            "env_vars": env_vars,
+        }
+        if self.ship_raytrain:
+            # The cluster runs exactly this raytrain's worker runtime, whatever its image has installed.
+            runtime_env["py_modules"] = [str(Path(raytrain.__file__).parent)]
+        return runtime_env
+
+    def dry_run(self, plan: Plan) -> Request:
+        if plan.storage is None and self.default_storage():
+            plan.storage = self.default_storage()
+        submission_id = new_submission_id(plan.name)
+        return Request(
+            target=self.kind,
+            address=self.address,
+            submission_id=submission_id,
+            run_name=submission_id,
+            entrypoint=f"{self.python} -m raytrain.runtime.driver",
+            runtime_env=self.runtime_env(plan, submission_id),
+            metadata={
+                METADATA_KEY: raytrain.__version__,
+                "name": plan.name,
+                "job": plan.job_module,
+                "workers": str(plan.scaling.num_workers),
+                "zero": str(plan.zero),
+                "precision": plan.precision,
+            },
+            plan=plan,
+        )
+
+    # -- talking to the cluster -------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            self.dashboard.check_reachable()  # fail fast with a clear message, before Ray's own client
+            from ray.job_submission import JobSubmissionClient
+
+            try:
+                self._client = JobSubmissionClient(self.address, headers=dict(self.dashboard.headers))
+            except Exception as exc:
+                raise ClusterError(f"cannot use the Jobs API at {self.address}: {exc}") from exc
+        return self._client
+
+    def nodes(self):
+        return self.dashboard.nodes()
+
+    def submit(self, request: Request) -> JobHandle:
+        try:
+            job_id = self.client.submit_job(
+                entrypoint=request.entrypoint,
+                submission_id=request.submission_id,
+                runtime_env=request.runtime_env,
+                metadata=request.metadata,
+                entrypoint_num_cpus=request.entrypoint_num_cpus,
+            )
+        except RaytrainError:
+            raise
+        except Exception as exc:
+            raise ClusterError(f"submitting to {self.address} failed: {exc}") from exc
+        return JobHandle(self.kind, self.address, job_id, request.metadata.get("name", ""))
+
+    def _info(self, details, facts: JobFacts | None) -> JobInfo:
+        meta = dict(details.metadata or {})
+        status = getattr(details.status, "value", details.status)
+        return JobInfo(
+            job_id=details.submission_id or details.job_id,
+            name=meta.get("name", ""),
+            state=state_of(status, facts),
+            target=self.kind,
+            address=self.address,
+            entrypoint=details.entrypoint or "",
+            message=details.message or "",
+            start_time=details.start_time / 1000 if details.start_time else None,
+            end_time=details.end_time / 1000 if details.end_time else None,
+            metadata=meta,
+            facts=facts,
+        )
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except RaytrainError:
+            raise
+        except RuntimeError as exc:
+            text = str(exc)
+            if "does not exist" in text or "404" in text:
+                raise ClusterError(f"no job {args[0]!r} on {self.address} (see `raytrain jobs list`)") from exc
+            raise ClusterError(f"{what} failed on {self.address}: {text}") from exc
+
+    def status(self, job_id: str, *, with_facts: bool = True) -> JobInfo:
+        details = self._call("job status", self.client.get_job_info, job_id)
+        facts = JobFacts.from_lines(self.logs(job_id).splitlines()) if with_facts else None
+        return self._info(details, facts)
+
+    def logs(self, job_id: str) -> str:
+        return self._call("job logs", self.client.get_job_logs, job_id)
+
+    def follow(self, job_id: str, on_text: Callable[[str], None]) -> None:
+        self._call("job status", self.client.get_job_info, job_id)  # a clear error for an unknown id
+
+        async def tail() -> None:
+            async for chunk in self.client.tail_job_logs(job_id):
+                on_text(chunk)
+
+        asyncio.run(tail())
+
+    def stop(self, job_id: str) -> bool:
+        return bool(self._call("job stop", self.client.stop_job, job_id))
+
+    def list(self) -> list[JobInfo]:
+        jobs = self._call("job list", self.client.list_jobs)
+        mine = [j for j in jobs if METADATA_KEY in (j.metadata or {})]
+        return sorted((self._info(j, None) for j in mine), key=lambda i: i.start_time or 0, reverse=True)
