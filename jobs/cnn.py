@@ -45,7 +45,7 @@ class SyntheticMNIST:
 def train(ctx):
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(ctx.args)
 

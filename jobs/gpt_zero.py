@@ -88,7 +88,7 @@ def train(ctx):
         for _ in range(ctx.grad_accum):
             x, y = data.batch(ctx.micro_batch)
             logits = engine(x.to(ctx.device))
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(ctx.device).view(-1))
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.to(ctx.device).reshape(-1))
             engine.backward(loss)
             engine.step()
             total += loss.item()

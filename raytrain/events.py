@@ -25,6 +25,14 @@ def format_event(kind: str, **data: Any) -> str:
     return MARKER + json.dumps({"event": kind, **data}, default=str, separators=(",", ":"))
 
 
+def emit(kind: str, **data: Any) -> None:
+    """Write one event line to stdout. ``sys.stdout.write``, not ``print``: Ray Train v2 patches print."""
+    import sys
+
+    sys.stdout.write(format_event(kind, **data) + "\n")
+    sys.stdout.flush()
+
+
 def parse_line(line: str) -> dict | None:
     """The event on a log line, or None. Tolerates Ray's ``(RayTrainWorker pid=..)`` prefixes."""
     idx = line.find(MARKER)
@@ -48,7 +56,13 @@ class JobFacts:
     finished: dict | None = None
     error: dict | None = None
 
+    _seen: set = field(default_factory=set, repr=False)
+
     def add(self, event: dict) -> None:
+        key = json.dumps(event, sort_keys=True, default=str)
+        if key in self._seen:  # the same line reached the log twice (stdout and stderr copies)
+            return
+        self._seen.add(key)
         kind = event.get("event")
         if kind == STARTED:
             self.started = event

@@ -1,6 +1,8 @@
 """The `raytrain` command: a thin layer over raytrain.api and raytrain.targets."""
 from __future__ import annotations
 
+import logging
+
 import click
 
 from raytrain import __version__
@@ -13,6 +15,8 @@ from raytrain.cli.submit import submit
 @click.version_option(__version__, prog_name="raytrain")
 def main():
     """Distributed PyTorch training with DeepSpeed on Ray clusters."""
+    # Ray's client libraries log every upload and websocket close at INFO; raytrain says what matters.
+    logging.getLogger("ray").setLevel(logging.WARNING)
 
 
 main.add_command(submit)

@@ -152,4 +152,4 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
         print_json(info.to_dict())
     else:
         summary = describe_metrics(last) if last else "no metrics reported"
-        console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False)
+        console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False, soft_wrap=True)

@@ -116,10 +116,8 @@ def _merge_ds_under_flags(opts: Options, ds: dict[str, Any], ds_path: str | None
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"{FLAG_OF.get(name, '--' + name.replace('_', '-'))} {value!r}: must be an integer >= {minimum}",
-            flag=FLAG_OF.get(name),
-        )
+        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        raise ConfigError(f"{flag} {value!r}: must be an integer >= {minimum}", flag=flag)
     return value
 
 
@@ -197,6 +195,9 @@ def _deepspeed_dict(
             "pin_memory": use_gpu,
         }
     out["zero_optimization"] = zero_cfg
+    if zero > 0 and "optimizer" not in out:
+        # Jobs pass client torch optimizers (SGD, AdamW, ...); ZeRO accepts them only with this switch.
+        out.setdefault("zero_allow_untested_optimizer", True)
     if offload != "none" and "optimizer" not in out:
         # raytrain passes a client torch optimizer; DeepSpeed must not insist on DeepSpeedCPUAdam.
         out.setdefault("zero_force_ds_cpu_optimizer", False)
@@ -221,7 +222,9 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     job = check_job_file(opts.job)
     ds = load_ds_config(opts.ds_config)
     opts = _merge_ds_under_flags(opts, ds, opts.ds_config)
-    opts = opts.merged_over(Options(**DEFAULTS, gpus_per_worker=1.0 if cluster_has_gpus else 0.0))
+    # Batch defaults are applied in _batch_sizes, which must see what the user left open to derive it.
+    defaults = {k: v for k, v in DEFAULTS.items() if k not in ("micro_batch", "grad_accum")}
+    opts = opts.merged_over(Options(**defaults, gpus_per_worker=1.0 if cluster_has_gpus else 0.0))
 
     workers = _check_int("workers", opts.workers, 1)
     gpus = _check_number("--gpus-per-worker", opts.gpus_per_worker, 0, strict=False)

@@ -117,7 +117,7 @@ class TrainContext:
         self._last_time, self._last_step = now, int(step)
         clean.setdefault("elapsed_s", round(now - self._started, 3))
         if self.is_main:
-            print(events.format_event(events.METRICS, **clean), flush=True)
+            events.emit(events.METRICS, **clean)
         ray.train.report(clean, checkpoint=checkpoint)
 
 

@@ -12,14 +12,11 @@ import sys
 import traceback
 
 from raytrain import events
+from raytrain.events import emit
 from raytrain.capacity import Node, capacity_problem
 
 EXIT_TRAINING_FAILED = 1
 EXIT_CAPACITY = 3
-
-
-def emit(kind: str, **data) -> None:
-    print(events.format_event(kind, **data), flush=True)
 
 
 def cluster_nodes() -> list[Node]:
@@ -60,7 +57,7 @@ def main() -> int:
         emit(events.CAPACITY, message=problem)
         return EXIT_CAPACITY
 
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raytrain.runtime.worker import train_loop_per_worker
@@ -88,6 +85,8 @@ def main() -> int:
             name=run_name,
             storage_path=plan.get("storage") or None,
             failure_config=FailureConfig(max_failures=0),
+            # Ray Train logs every report at INFO; raytrain shows progress itself.
+            logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
         ),
     )
     try:

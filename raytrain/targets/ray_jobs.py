@@ -82,7 +82,12 @@ class RayJobsTarget(Target):
     def client(self):
         if self._client is None:
             self.dashboard.check_reachable()  # fail fast with a clear message, before Ray's own client
+            import logging
+
             from ray.job_submission import JobSubmissionClient
+
+            for noisy in ("ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk"):
+                logging.getLogger(noisy).setLevel(logging.WARNING)  # uploads, websocket closes
 
             try:
                 self._client = JobSubmissionClient(self.address, headers=dict(self.dashboard.headers))
