@@ -79,12 +79,11 @@ def wait(
 
 
 def failure_message(info: JobInfo) -> str:
-    facts = info.facts or JobFacts()
-    if facts.error:
-        return f"job {info.job_id} {info.state}: {facts.error.get('type', '')}: {facts.error.get('message', '')}".replace(
-            ": : ", ": "
-        )
-    return f"job {info.job_id} {info.state}: {info.message}".rstrip(": ")
+    error = (info.facts or JobFacts()).error
+    if error:
+        where = f" on rank {error['rank']}" if error.get("rank") is not None else ""
+        return f"job {info.job_id} {info.state}{where}: {error.get('type', 'Error')}: {error.get('message', '')}"
+    return f"job {info.job_id} {info.state}: {info.message or 'no message from the cluster'}"
 
 
 __all__ = ["Options", "check_capacity", "dry_run", "plan", "submit", "submit_request", "wait"]

@@ -34,7 +34,15 @@ def cluster_nodes() -> list[Node]:
     ]
 
 
-def _root_cause(exc: BaseException) -> BaseException:
+def _root_cause(exc: BaseException) -> tuple[BaseException, int | None]:
+    """The user's exception inside Ray Train's wrappers, and the rank that raised it (if known)."""
+    rank = None
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        rank = min(failures)
+        exc = failures[rank]
+    elif isinstance(getattr(exc, "controller_failure", None), BaseException):
+        exc = exc.controller_failure
     seen = set()
     while id(exc) not in seen:
         seen.add(id(exc))
@@ -42,7 +50,7 @@ def _root_cause(exc: BaseException) -> BaseException:
         if not isinstance(nxt, BaseException):
             break
         exc = nxt
-    return exc
+    return exc, rank
 
 
 def main() -> int:
@@ -92,10 +100,10 @@ def main() -> int:
     try:
         result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
-        cause = _root_cause(exc)
+        cause, rank = _root_cause(exc)
         traceback.print_exc()
         lines = [line for line in str(cause).strip().splitlines() if line.strip()]
-        emit(events.ERROR, type=type(cause).__name__, message=(lines[-1] if lines else "")[:500])
+        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=(lines[-1] if lines else "")[:500])
         return EXIT_TRAINING_FAILED
     emit(
         events.FINISHED,

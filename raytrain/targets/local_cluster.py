@@ -21,8 +21,8 @@ from raytrain import paths
 from raytrain.errors import ClusterError
 from raytrain.targets.dashboard import Dashboard, token_headers
 
-DEFAULT_PORT = 6379
-DEFAULT_DASHBOARD_PORT = 8265
+DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
+DEFAULT_DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_DASHBOARD_PORT", 8265))
 START_TIMEOUT_S = 90.0
 
 

@@ -1,0 +1,115 @@
+"""`raytrain submit` end to end: real local Ray cluster, real DeepSpeed engines on 2 CPU workers (gloo)."""
+import json
+import re
+import time
+
+import pytest
+
+from tests.conftest import JOBS
+
+pytestmark = pytest.mark.e2e
+
+JOB_ID = re.compile(r"raytrain-[A-Za-z0-9._-]+-\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+def job_id_of(output: str) -> str:
+    match = JOB_ID.search(output)
+    assert match, output
+    return match.group(0)
+
+
+def assert_loss_falls(losses, steps):
+    assert len(losses) == steps, losses
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.05, losses
+
+
+def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
+    cli = e2e_env
+    assert "no local Ray cluster" in cli("cluster", "status").stdout
+    proc = cli("submit", JOBS / "cnn.py", "--workers", "2", "--zero", "1", "--precision", "bf16",
+               "--grad-accum", "2", "--micro-batch", "16", "--", "--steps", "12")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "training cnn on 2 worker(s), ZeRO-1, bf16, global batch 64" in out
+    assert "succeeded" in out
+    job = job_id_of(out)
+    assert_loss_falls(cli.facts(job).losses, 12)
+
+    # the cluster it started stays up, with its resources and token auth, for the next command
+    status = cli.json("cluster", "status")
+    assert status["running"] and status["totals"]["cpus"] == 2
+    assert status["dashboard"].startswith("http://127.0.0.1:")
+
+    listed = cli.json("jobs", "list")
+    mine = [j for j in listed if j["id"] == job]
+    assert mine and mine[0]["state"] == "succeeded" and mine[0]["name"] == "cnn"
+    assert "succeeded" in cli("jobs", "list").stdout
+
+    info = cli.json("jobs", "status", job)
+    assert info["state"] == "succeeded" and info["last_metrics"]["step"] == 12
+    assert info["final"] is not None
+    text = cli("jobs", "status", job, check=True).stdout
+    assert "state     succeeded" in text and "step 12" in text
+
+
+def test_submit_gpt_zero3_bf16_grad_accum(cli):
+    proc = cli("submit", JOBS / "gpt_zero.py", "--workers", "2", "--zero", "3", "--precision", "bf16",
+               "--grad-accum", "4", "--micro-batch", "2", "--json", "--", "--steps", "10")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["state"] == "succeeded" and info["metadata"]["zero"] == "3"
+    assert_loss_falls(cli.facts(info["id"]).losses, 10)
+
+
+def test_more_workers_than_the_cluster_has_fails_fast(cli):
+    start = time.monotonic()
+    proc = cli("submit", JOBS / "cnn.py", "--workers", "8")
+    assert proc.returncode == 2
+    assert "--workers 8 x (1 CPU) needs 8 CPU; the cluster has 2 CPU and 0 GPU" in proc.stderr
+    assert "use --workers 2 or fewer" in proc.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_gpus_on_a_cpu_cluster_fail_fast(cli):
+    proc = cli("submit", JOBS / "cnn.py", "--gpus-per-worker", "1")
+    assert proc.returncode == 2 and "the cluster has no GPU: use --gpus-per-worker 0" in proc.stderr
+
+
+def test_a_failing_job_exits_1_with_its_error(cli, tmp_path):
+    job = tmp_path / "broken.py"
+    job.write_text("def train(ctx):\n    raise ValueError('the data path /nope does not exist')\n")
+    proc = cli("submit", job, "--workers", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ValueError: the data path /nope does not exist" in proc.stderr
+    info = cli.json("jobs", "status", job_id_of(proc.stdout + proc.stderr))
+    assert info["state"] == "failed" and info["error"]["type"] == "ValueError"
+
+
+def test_jobs_stop_frees_the_workers_for_the_next_job(cli):
+    proc = cli("submit", JOBS / "gpt_zero.py", "--workers", "2", "--name", "long-run", "--no-wait",
+               "--json", "--", "--steps", "100000")
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout)["id"]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        info = cli.json("jobs", "status", job)
+        if info["last_metrics"]:
+            break
+        assert info["state"] in ("pending", "running"), info
+        time.sleep(2)
+    assert info["state"] == "running" and info["last_metrics"]["step"] >= 1
+
+    stopped = cli("jobs", "stop", job, check=True)
+    assert f"{job}: stopped" in stopped.stdout
+    # both CPUs are free again: a second 2-worker job runs to the end
+    proc = cli("submit", JOBS / "cnn.py", "--workers", "2", "--micro-batch", "8", "--", "--steps", "3",
+               timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert cli.json("jobs", "status", job)["state"] == "stopped"
+
+
+def test_logs_follow_of_a_finished_job_ends(cli):
+    job = cli.json("jobs", "list")[0]["id"]
+    proc = cli("jobs", "logs", job, "--follow", timeout=60)
+    assert proc.returncode == 0 and "@@raytrain" in proc.stdout
+    assert cli("jobs", "status", "raytrain-no-such-job").returncode == 2
