@@ -8,6 +8,7 @@ import click
 from raytrain import __version__
 from raytrain.cli.cluster import cluster
 from raytrain.cli.jobs import jobs
+from raytrain.cli.plan import plan
 from raytrain.cli.submit import submit
 
 
@@ -22,6 +23,7 @@ def main():
 main.add_command(submit)
 main.add_command(cluster)
 main.add_command(jobs)
+main.add_command(plan)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,27 @@
+"""Memory planning: how much GPU and CPU memory a DeepSpeed configuration needs, and which one to run.
+
+    memory.py  the arithmetic (ZeRO model states, offload, ZeRO-3 working set, activations, buffers)
+    shape.py   a model's size from numbers (--params/--layers/--hidden/...)
+    meta.py    a model's size from a job file's model(args), built on torch's meta device (imports torch)
+    search.py  candidates, the speed ordering, and the fastest configuration that fits
+    units.py   sizes and counts as users type them
+
+Nothing here imports torch or deepspeed at import time (meta.py imports torch inside its functions).
+"""
+from raytrain.planner.memory import (
+    Config,
+    Estimate,
+    ModelStates,
+    activation_memory,
+    estimate,
+    model_states,
+    zero3_working_set,
+)
+from raytrain.planner.search import Candidate, Hardware, Plan, make_hardware, plan, relative_time
+from raytrain.planner.shape import ModelShape, shape_from_numbers
+
+__all__ = [
+    "Candidate", "Config", "Estimate", "Hardware", "ModelShape", "ModelStates", "Plan", "activation_memory",
+    "estimate", "make_hardware", "model_states", "plan", "relative_time", "shape_from_numbers",
+    "zero3_working_set",
+]

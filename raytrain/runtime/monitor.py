@@ -1,0 +1,221 @@
+"""A background sampler of this worker's memory: NVML on a GPU worker, process RSS on a CPU worker.
+
+    monitor = MemoryMonitor(interval=1.0).start()   # gpu=None: a GPU worker if NVML sees this worker's GPU
+    ...                                             # training; monitor.latest(), monitor.metrics()
+    peak = monitor.stop()                            # {"source": "gpu", "gpu_memory_peak": ..., ...}
+
+Every sample records the process RSS; on a GPU worker also the GPU's memory used (device-wide, NVML's
+``used``: includes the CUDA context and any other process on that GPU, so compare it with a plan's GPU
+total rather than with ``torch.cuda.max_memory_allocated``), this process's own GPU memory where NVML lists
+it (not inside PID namespaces), utilisation (%) and power (W).
+
+The worker's GPU is CUDA ordinal ``device`` (default 0) mapped through ``CUDA_VISIBLE_DEVICES`` (indices or
+``GPU-``/``MIG-`` UUIDs, as Ray sets them) to the NVML device, since NVML numbers every GPU on the machine.
+No Ray and no torch here; pass ``nvml`` (a pynvml-like object) and ``rss`` (a callable) to test it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from raytrain.nvml import nvml_call
+
+
+def process_rss() -> int | None:
+    """Resident set size of this process in bytes: psutil, else /proc/self/statm; None if neither works."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE")
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class Sample:
+    time: float  # time.time()
+    rss: int | None = None
+    gpu_memory_used: int | None = None  # bytes, whole device
+    gpu_process_memory: int | None = None  # bytes, this process, where NVML reports it
+    gpu_utilization: int | None = None  # %
+    power_w: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_PEAK_FIELDS = ("rss", "gpu_memory_used", "gpu_process_memory", "gpu_utilization", "power_w")
+
+
+def resolve_handle(nvml: Any, device: int = 0, visible: str | None = None) -> Any | None:
+    """The NVML handle of CUDA ordinal ``device`` under ``CUDA_VISIBLE_DEVICES`` (``visible``)."""
+    if visible is None:
+        return nvml_call(nvml.nvmlDeviceGetHandleByIndex, device)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if device >= len(entries):
+        return None
+    entry = entries[device]
+    if entry.isdigit():
+        return nvml_call(nvml.nvmlDeviceGetHandleByIndex, int(entry))
+    return nvml_call(getattr(nvml, "nvmlDeviceGetHandleByUUID", None), entry)
+
+
+class MemoryMonitor:
+    """Samples at ``interval`` seconds in a daemon thread; thread-safe ``latest``/``peak``/``metrics``."""
+
+    def __init__(
+        self,
+        interval: float = 1.0,
+        *,
+        gpu: bool | None = None,
+        device: int = 0,
+        nvml: Any | None = None,
+        rss: Callable[[], int | None] | None = None,
+    ):
+        if interval <= 0:
+            raise ValueError("interval must be > 0 seconds")
+        self.interval = interval
+        self.device = device
+        self._want_gpu = gpu
+        self._nvml = nvml
+        self._rss = rss or process_rss
+        self._handle: Any = None
+        self._nvml_open = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._latest: Sample | None = None
+        self._peak: dict[str, float | int | None] = dict.fromkeys(_PEAK_FIELDS)
+        self._count = 0
+        self.source = "cpu"
+
+    # -- NVML --------------------------------------------------------------------------------------------
+    def _open_gpu(self) -> None:
+        if self._want_gpu is False:
+            return
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self._want_gpu is None and visible is not None and not visible.strip():
+            return  # Ray gives CPU workers an empty CUDA_VISIBLE_DEVICES
+        nvml = self._nvml
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError:
+                return
+        try:
+            nvml.nvmlInit()
+        except Exception:  # no library / no driver
+            return
+        handle = resolve_handle(nvml, self.device, visible)
+        if handle is None:
+            nvml_call(getattr(nvml, "nvmlShutdown", None))
+            return
+        self._nvml, self._handle, self._nvml_open, self.source = nvml, handle, True, "gpu"
+
+    def _close_gpu(self) -> None:
+        if self._nvml_open:
+            nvml_call(getattr(self._nvml, "nvmlShutdown", None))
+            self._nvml_open = False
+
+    def _gpu_fields(self) -> dict:
+        nvml, h = self._nvml, self._handle
+        mem = nvml_call(getattr(nvml, "nvmlDeviceGetMemoryInfo", None), h)
+        util = nvml_call(getattr(nvml, "nvmlDeviceGetUtilizationRates", None), h)
+        power_mw = nvml_call(getattr(nvml, "nvmlDeviceGetPowerUsage", None), h)
+        procs = nvml_call(getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None), h) or []
+        pid = os.getpid()
+        own = next((getattr(p, "usedGpuMemory", None) for p in procs if getattr(p, "pid", None) == pid), None)
+        return {
+            "gpu_memory_used": getattr(mem, "used", None),
+            "gpu_process_memory": own if isinstance(own, int) else None,
+            "gpu_utilization": getattr(util, "gpu", None),
+            "power_w": power_mw / 1000 if isinstance(power_mw, (int, float)) else None,
+        }
+
+    # -- sampling ----------------------------------------------------------------------------------------
+    def sample(self) -> Sample:
+        """Take one sample now and fold it into latest/peak."""
+        fields = {"rss": self._rss()}
+        if self.source == "gpu":
+            fields.update(self._gpu_fields())
+        s = Sample(time=time.time(), **fields)
+        with self._lock:
+            self._latest = s
+            self._count += 1
+            for key in _PEAK_FIELDS:
+                value = getattr(s, key)
+                if value is not None and (self._peak[key] is None or value > self._peak[key]):
+                    self._peak[key] = value
+        return s
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sample()
+            except Exception:  # a sampler must never take the training process down
+                pass
+
+    def start(self) -> "MemoryMonitor":
+        if self._thread is not None:
+            return self
+        self._open_gpu()
+        self.sample()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="raytrain-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        """Stop sampling (after one last sample) and return :meth:`peak`."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=max(5.0, 2 * self.interval))
+            self._thread = None
+            self.sample()
+        self._close_gpu()
+        return self.peak()
+
+    def __enter__(self) -> "MemoryMonitor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- results -----------------------------------------------------------------------------------------
+    def latest(self) -> Sample | None:
+        with self._lock:
+            return self._latest
+
+    def peak(self) -> dict:
+        """{"source", "samples", and the peak of each field: rss, gpu_memory_used, ..., power_w}."""
+        with self._lock:
+            return {"source": self.source, "samples": self._count, **{f"{k}_peak": v for k, v in self._peak.items()}}
+
+    def metrics(self) -> dict:
+        """Flat numbers for a training report: GB and the peak so far (GPU fields only on GPU workers)."""
+        latest, peak = self.latest(), self.peak()
+        if latest is None:
+            return {}
+        out: dict[str, float] = {}
+
+        def put(name: str, value: float | None, scale: float = 1e9) -> None:
+            if value is not None:
+                out[name] = round(value / scale, 3)
+
+        put("rss_gb", latest.rss)
+        put("rss_peak_gb", peak["rss_peak"])
+        if self.source == "gpu":
+            put("gpu_mem_gb", latest.gpu_memory_used)
+            put("gpu_mem_peak_gb", peak["gpu_memory_used_peak"])
+            put("gpu_util", latest.gpu_utilization, 1)
+            put("power_w", latest.power_w, 1)
+        return out

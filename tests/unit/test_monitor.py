@@ -1,0 +1,174 @@
+"""raytrain.runtime.monitor: the sampler on a CPU worker for real (process RSS), and on a GPU worker with a
+fake NVML library."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from raytrain.runtime.monitor import MemoryMonitor, process_rss, resolve_handle
+from tests.conftest import ROOT
+
+MB = 2**20
+
+
+def statm_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_process_rss_agrees_with_proc_statm():
+    assert abs(process_rss() - statm_rss()) < 8 * MB
+
+
+def test_cpu_worker_reports_rss_and_its_peak():
+    monitor = MemoryMonitor(interval=0.01, gpu=False).start()
+    try:
+        assert monitor.source == "cpu"
+        before = monitor.latest().rss
+        blob = b"\x01" * (96 * MB)  # written, so resident
+        start = monitor.peak()["samples"]
+        assert wait_for(lambda: monitor.peak()["samples"] >= start + 3)
+        during = monitor.latest().rss
+        del blob
+    finally:
+        peak = monitor.stop()
+    assert during - before > 80 * MB
+    assert peak["source"] == "cpu" and peak["rss_peak"] >= during
+    assert peak["gpu_memory_used_peak"] is None
+    metrics = monitor.metrics()
+    assert metrics["rss_peak_gb"] == round(peak["rss_peak"] / 1e9, 3)
+    assert not any(k.startswith("gpu") for k in metrics)
+
+
+def test_stop_ends_the_thread():
+    monitor = MemoryMonitor(interval=0.01, gpu=False)
+    with monitor:
+        assert any(t.name == "raytrain-monitor" for t in threading.enumerate())
+    count = monitor.peak()["samples"]
+    time.sleep(0.05)
+    assert monitor.peak()["samples"] == count
+    assert not any(t.name == "raytrain-monitor" for t in threading.enumerate())
+
+
+def test_empty_cuda_visible_devices_means_cpu_worker(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    fake = FakeGPU()
+    monitor = MemoryMonitor(interval=10, nvml=fake)
+    monitor.start()
+    monitor.stop()
+    assert monitor.source == "cpu" and fake.inits == 0
+
+
+def test_no_nvml_here_falls_back_to_rss(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    monitor = MemoryMonitor(interval=10)  # gpu=None: tries NVML for real, finds no library
+    monitor.start()
+    peak = monitor.stop()
+    assert peak["source"] == "cpu" and peak["rss_peak"] > 0
+
+
+class FakeGPU:
+    """A pynvml-like library whose GPU memory use follows ``used`` sample by sample."""
+
+    def __init__(self, used=(1_000, 5_000, 3_000)):
+        self.used = list(used)
+        self.calls = 0
+        self.inits = self.shutdowns = 0
+        self.handles = []
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self.handles.append(i)
+        return ("index", i)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.handles.append(uuid)
+        return ("uuid", uuid)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        value = self.used[min(self.calls, len(self.used) - 1)]
+        self.calls += 1
+        return SimpleNamespace(total=80_000, free=80_000 - value, used=value)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=90, memory=40)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=1, usedGpuMemory=10), SimpleNamespace(pid=os.getpid(), usedGpuMemory=777)]
+
+
+def test_gpu_worker_samples_nvml_and_keeps_the_peak(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    fake = FakeGPU(used=(1_000, 5_000, 3_000))
+    monitor = MemoryMonitor(interval=60, device=1, nvml=fake, rss=lambda: 123)
+    monitor.start()  # first sample: 1000
+    monitor.sample()  # 5000
+    monitor.sample()  # 3000
+    latest = monitor.latest()
+    peak = monitor.stop()  # last sample: 3000
+    assert fake.handles == [3]  # CUDA ordinal 1 under CUDA_VISIBLE_DEVICES=2,3 is NVML device 3
+    assert monitor.source == "gpu" and fake.inits == 1 and fake.shutdowns == 1
+    assert latest.gpu_memory_used == 3_000 and latest.gpu_process_memory == 777
+    assert latest.gpu_utilization == 90 and latest.power_w is None  # unsupported power: None, rest stands
+    assert peak["gpu_memory_used_peak"] == 5_000 and peak["samples"] == 4 and peak["rss_peak"] == 123
+    metrics = monitor.metrics()
+    assert metrics["gpu_mem_peak_gb"] == round(5_000 / 1e9, 3) and metrics["gpu_util"] == 90
+    assert "power_w" not in metrics
+
+
+def test_background_thread_samples_the_gpu(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake = FakeGPU(used=(10, 20, 30, 40, 50, 60))
+    with MemoryMonitor(interval=0.01, nvml=fake, rss=lambda: 1) as monitor:
+        assert wait_for(lambda: monitor.peak()["samples"] >= 6)
+    assert monitor.peak()["gpu_memory_used_peak"] == 60 and fake.handles == [0]
+
+
+def test_resolve_handle_by_uuid_and_out_of_range():
+    fake = FakeGPU()
+    assert resolve_handle(fake, 0, "GPU-abc,GPU-def") == ("uuid", "GPU-abc")
+    assert resolve_handle(fake, 1, "GPU-abc,GPU-def") == ("uuid", "GPU-def")
+    assert resolve_handle(fake, 2, "0,1") is None
+    assert resolve_handle(fake, 1, None) == ("index", 1)
+
+
+def test_monitor_imports_neither_ray_nor_torch():
+    code = textwrap.dedent(
+        """
+        import sys
+        import raytrain.runtime.monitor
+        print(sorted(m for m in ("ray", "torch", "deepspeed") if m in sys.modules))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
