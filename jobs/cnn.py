@@ -1,6 +1,6 @@
 """A small CNN on synthetic MNIST-shaped data (the seed articles' example), with DeepSpeed on Ray workers.
 
-    raytrain submit jobs/cnn.py --workers 2 --zero 1 --precision bf16 --grad-accum 2 -- --steps 30
+    raytrain submit jobs/cnn.py --workers 2 --zero 1 --precision bf16 --grad-accum 2 --micro-batch 16 -- --steps 30
 
 Two conv layers and two linear layers, SGD with momentum 0.9, CrossEntropyLoss. The data is made on
 the fly: each class is a fixed random 28x28 pattern plus noise, so the loss falls within a few steps and
@@ -11,6 +11,8 @@ import argparse
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from example_utils import add_fault_tolerance_args, after_step, batch_generator, save_probe
 
 
 class Net(nn.Module):
@@ -28,17 +30,22 @@ class Net(nn.Module):
         return self.fc2(F.relu(self.fc1(x)))
 
 
+def model(args=None) -> nn.Module:
+    """The model, for `raytrain plan` and for loading an exported state_dict."""
+    return Net()
+
+
 class SyntheticMNIST:
-    """Class prototypes shared by every rank (same seed); noise differs per rank (its data shard)."""
+    """Class prototypes shared by every rank (same seed); the noise differs per rank (its data shard)."""
 
     def __init__(self, rank: int, seed: int = 0, noise: float = 0.6):
         self.prototypes = torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(seed))
-        self.gen = torch.Generator().manual_seed(seed + 1000 + rank)
-        self.noise = noise
+        self.rank, self.seed, self.noise = rank, seed, noise
 
-    def batch(self, size: int):
-        labels = torch.randint(0, 10, (size,), generator=self.gen)
-        images = self.prototypes[labels] + self.noise * torch.randn(size, 1, 28, 28, generator=self.gen)
+    def batch(self, size: int, step: int, micro: int):
+        gen = batch_generator(self.seed, self.rank, step, micro)
+        labels = torch.randint(0, 10, (size,), generator=gen)
+        images = self.prototypes[labels] + self.noise * torch.randn(size, 1, 28, 28, generator=gen)
         return images, labels
 
 
@@ -47,22 +54,22 @@ def train(ctx):
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    add_fault_tolerance_args(parser)
     args = parser.parse_args(ctx.args)
 
     torch.manual_seed(args.seed)
-    model = Net()
-    engine = ctx.deepspeed(
-        model, optimizer=lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)
-    )
+    engine = ctx.deepspeed(Net(), optimizer=lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9))
     data = SyntheticMNIST(ctx.rank, seed=args.seed)
     loss_fn = nn.CrossEntropyLoss()
-    for _ in range(args.steps):
+    for step in range(ctx.start_step, args.steps):
         total = 0.0
-        for _ in range(ctx.grad_accum):
-            images, labels = data.batch(ctx.micro_batch)
+        for micro in range(ctx.grad_accum):
+            images, labels = data.batch(ctx.micro_batch, step, micro)
             logits = engine(images.to(ctx.device, ctx.dtype))
             loss = loss_fn(logits.float(), labels.to(ctx.device))
             engine.backward(loss)
             engine.step()
             total += loss.item()
         ctx.report({"loss": total / ctx.grad_accum})
+        after_step(ctx, args, step + 1)
+    save_probe(ctx, engine, args, SyntheticMNIST(0, seed=args.seed).batch(4, 10**6, 0)[0].to(ctx.dtype))

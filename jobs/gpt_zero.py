@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from example_utils import add_fault_tolerance_args, after_step, batch_generator, save_probe
+
 
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int):
@@ -53,19 +55,19 @@ class BigramTokens:
     def __init__(self, vocab: int, seq: int, rank: int, seed: int = 0, branching: int = 4):
         g = torch.Generator().manual_seed(seed)
         self.successors = torch.randint(0, vocab, (vocab, branching), generator=g)
-        self.gen = torch.Generator().manual_seed(seed + 1000 + rank)
-        self.vocab, self.seq, self.branching = vocab, seq, branching
+        self.vocab, self.seq, self.branching, self.rank, self.seed = vocab, seq, branching, rank, seed
 
-    def batch(self, size: int):
+    def batch(self, size: int, step: int, micro: int):
+        gen = batch_generator(self.seed, self.rank, step, micro)
         toks = torch.empty(size, self.seq + 1, dtype=torch.long)
-        toks[:, 0] = torch.randint(0, self.vocab, (size,), generator=self.gen)
+        toks[:, 0] = torch.randint(0, self.vocab, (size,), generator=gen)
         for i in range(self.seq):
-            choice = torch.randint(0, self.branching, (size,), generator=self.gen)
+            choice = torch.randint(0, self.branching, (size,), generator=gen)
             toks[:, i + 1] = self.successors[toks[:, i], choice]
         return toks[:, :-1], toks[:, 1:]
 
 
-def train(ctx):
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=128)
@@ -75,21 +77,33 @@ def train(ctx):
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(ctx.args)
+    add_fault_tolerance_args(parser)
+    return parser
 
+
+def model(args=None) -> nn.Module:
+    """The model for the given job arguments (for `raytrain plan` and for loading an export)."""
+    a = parser().parse_args(list(args or []))
+    return GPT(a.vocab, a.dim, a.layers, a.heads, a.seq)
+
+
+def train(ctx):
+    args = parser().parse_args(ctx.args)
     torch.manual_seed(args.seed)
     model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq)
     ctx.log(f"GPT: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
             f"floor loss ln({4})={math.log(4):.3f}, start ~ln({args.vocab})={math.log(args.vocab):.3f}")
     engine = ctx.deepspeed(model, lr=args.lr)
     data = BigramTokens(args.vocab, args.seq, ctx.rank, seed=args.seed)
-    for _ in range(args.steps):
+    for step in range(ctx.start_step, args.steps):
         total = 0.0
-        for _ in range(ctx.grad_accum):
-            x, y = data.batch(ctx.micro_batch)
+        for micro in range(ctx.grad_accum):
+            x, y = data.batch(ctx.micro_batch, step, micro)
             logits = engine(x.to(ctx.device))
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.to(ctx.device).reshape(-1))
             engine.backward(loss)
             engine.step()
             total += loss.item()
         ctx.report({"loss": total / ctx.grad_accum})
+        after_step(ctx, args, step + 1)
+    save_probe(ctx, engine, args, BigramTokens(args.vocab, args.seq, 0, seed=args.seed).batch(2, 10**6, 0)[0])

@@ -11,7 +11,7 @@ from typing import Callable
 from raytrain.capacity import capacity_problem
 from raytrain.config import Options, Plan, resolve
 from raytrain.errors import ClusterError, JobFailed
-from raytrain.events import CAPACITY, JobFacts
+from raytrain.events import CAPACITY, INVALID, JobFacts
 from raytrain.jobs.state import JobInfo, JobState
 from raytrain.targets import JobHandle, Request, Target, make_target
 
@@ -51,7 +51,19 @@ def check_capacity(target: Target, the_plan: Plan) -> None:
         raise ClusterError(problem)
 
 
+def check_resume(target: Target, the_plan: Plan) -> None:
+    """On the local cluster the run's storage is on this machine: check --resume before submitting
+    (the driver checks again on the cluster, where it also covers remote clusters)."""
+    from raytrain.targets.local import LocalTarget
+
+    if the_plan.resume and isinstance(target, LocalTarget):
+        from raytrain.checkpoints import resolve_resume
+
+        resolve_resume(the_plan.resume, the_plan.storage)
+
+
 def submit_request(target: Target, request: Request) -> JobHandle:
+    check_resume(target, request.plan)
     ensure = getattr(target, "ensure_running", None)
     if ensure is not None:
         ensure()
@@ -71,8 +83,8 @@ def wait(
     target = target or make_target(handle.address if handle.target != "local" else None)
     target.follow(handle.job_id, on_text or (lambda _text: None))
     info = target.status(handle.job_id)
-    if info.facts and info.facts.error and info.facts.error.get("event") == CAPACITY:
-        raise ClusterError(info.facts.error.get("message", "the cluster cannot hold this job"))
+    if info.facts and info.facts.error and info.facts.error.get("event") in (CAPACITY, INVALID):
+        raise ClusterError(info.facts.error.get("message", "the cluster cannot run this job"))
     if info.state is not JobState.SUCCEEDED:
         raise JobFailed(failure_message(info))
     return info

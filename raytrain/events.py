@@ -15,8 +15,10 @@ MARKER = "@@raytrain "
 # Event kinds.
 STARTED = "started"  # driver: plan summary, before workers start
 CAPACITY = "capacity"  # driver: the cluster cannot hold the request (config error, exit 2)
+INVALID = "invalid"  # driver: the plan cannot run on this cluster (e.g. --resume not found; exit 2)
 METRICS = "metrics"  # rank 0: step, loss, throughput, user metrics
-RESTARTING = "restarting"  # driver: the worker group is restarting after a failure
+RESTARTING = "restarting"  # controller: the worker group is restarting after a failure
+CHECKPOINT = "checkpoint"  # rank 0: a checkpoint of this step was reported
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 
@@ -53,6 +55,7 @@ class JobFacts:
     metrics: list[dict] = field(default_factory=list)
     restarts: int = 0
     restarting: bool = False  # a restart was announced and no step has been reported since
+    checkpoints: list[int] = field(default_factory=list)
     finished: dict | None = None
     error: dict | None = None
 
@@ -72,9 +75,11 @@ class JobFacts:
         elif kind == RESTARTING:
             self.restarts += 1
             self.restarting = True
+        elif kind == CHECKPOINT:
+            self.checkpoints.append(event.get("step"))
         elif kind == FINISHED:
             self.finished = event
-        elif kind in (ERROR, CAPACITY):
+        elif kind in (ERROR, CAPACITY, INVALID):
             self.error = event
 
     @property

@@ -6,6 +6,7 @@ import logging
 import click
 
 from raytrain import __version__
+from raytrain.cli.checkpoints import export, list_checkpoints
 from raytrain.cli.cluster import cluster
 from raytrain.cli.jobs import jobs
 from raytrain.cli.plan import plan
@@ -23,6 +24,8 @@ def main():
 main.add_command(submit)
 main.add_command(cluster)
 main.add_command(jobs)
+main.add_command(export)
+jobs.add_command(list_checkpoints)
 main.add_command(plan)
 
 if __name__ == "__main__":

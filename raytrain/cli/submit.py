@@ -42,6 +42,10 @@ def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
         ds_config=flags.get("ds_config"),
         name=flags.get("name"),
         storage=flags.get("storage"),
+        checkpoint_every=flags.get("checkpoint_every"),
+        keep=flags.get("keep"),
+        max_failures=flags.get("max_failures"),
+        resume=flags.get("resume"),
         env=_parse_env(flags.get("env") or ()),
     )
     return given.merged_over(profile)
@@ -70,6 +74,13 @@ def submit_options(fn):
             click.option("--name", help="Job name (default: the job file's name)."),
             click.option("--storage", help="Ray Train storage path or URI for this run's results."),
             click.option("--env", multiple=True, metavar="KEY=VALUE", help="Environment for the job (repeatable)."),
+            click.option("--checkpoint-every", type=int, help="Checkpoint every N steps (and at the end)."),
+            click.option("--keep", type=int, help="Keep only the N latest checkpoints."),
+            click.option(
+                "--max-failures", type=int,
+                help="Restart the workers from the latest checkpoint up to N times (-1: always).",
+            ),
+            click.option("--resume", metavar="RUN", help="Continue a run (job id/run name) or a checkpoint path."),
         ]
     ):
         fn = decorator(fn)

@@ -38,6 +38,10 @@ class Options:
     ds_config: str | None = None
     name: str | None = None
     storage: str | None = None
+    checkpoint_every: int | None = None  # steps; 0 = only when the job asks
+    keep: int | None = None  # latest checkpoints kept; None = all
+    max_failures: int | None = None  # worker-group restarts from the latest checkpoint; -1 = unlimited
+    resume: str | None = None  # a run name, run directory or checkpoint directory
     env: dict[str, str] = field(default_factory=dict)
 
     def merged_over(self, base: "Options") -> "Options":

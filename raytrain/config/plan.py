@@ -34,6 +34,10 @@ class Plan:
     offload: str
     storage: str | None
     env: dict[str, str] = field(default_factory=dict)
+    checkpoint_every: int = 0
+    keep: int | None = None
+    max_failures: int = 0
+    resume: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

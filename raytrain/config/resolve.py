@@ -89,6 +89,9 @@ def _ds_view(ds: dict[str, Any]) -> dict[str, Any]:
 
 
 FLAG_OF = {
+    "checkpoint_every": "--checkpoint-every",
+    "max_failures": "--max-failures",
+    "keep": "--keep",
     "zero": "--zero",
     "micro_batch": "--micro-batch",
     "grad_accum": "--grad-accum",
@@ -273,6 +276,10 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
             raise ConfigError(f"--env {key}={value}: {key!r} is not a valid variable name", flag="--env")
         env[str(key)] = str(value)
 
+    checkpoint_every = _check_int("checkpoint_every", opts.checkpoint_every or 0, 0)
+    keep = None if opts.keep is None else _check_int("keep", opts.keep, 1)
+    max_failures = _check_int("max_failures", opts.max_failures or 0, -1)
+
     tp, pp = 1, 1  # model parallel sizes; data-parallel size is what is left
     dp = workers // (tp * pp)
     micro, accum, total = _batch_sizes(opts, dp)
@@ -303,4 +310,8 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         offload=opts.offload,
         storage=opts.storage,
         env=env,
+        checkpoint_every=checkpoint_every,
+        keep=keep,
+        max_failures=max_failures,
+        resume=opts.resume,
     )

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import copy
-import os
-import sys
+import shutil
 import time
-from typing import Any, Callable
+from typing import Any
 
 from raytrain import events
 
@@ -25,10 +24,23 @@ class TrainContext:
 
     Attributes: ``rank``, ``local_rank``, ``world_size``, ``device``, ``dtype`` (the compute dtype of the
     chosen precision), ``args`` (the JOB_ARGS after ``--``), ``config`` (the exact DeepSpeed dict),
-    ``micro_batch``, ``grad_accum``, ``train_batch``, ``name``.
+    ``micro_batch``, ``grad_accum``, ``train_batch``, ``name``; after ``ctx.deepspeed()``:
+    ``start_step`` (the step to continue from: 0, or the restored checkpoint's), ``resumed_from``
+    (the checkpoint restored, or None) and ``state`` (a dict saved with every checkpoint and restored
+    with it: put the data position there if it is not a function of the step).
     """
 
-    def __init__(self, plan: dict[str, Any], *, rank: int, local_rank: int, world_size: int, device: Any):
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        *,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        device: Any,
+        restore_from: str | None = None,
+        checkpoint_every: int = 0,
+    ):
         import torch
 
         self.plan = plan
@@ -41,11 +53,17 @@ class TrainContext:
         self.micro_batch: int = self.config["train_micro_batch_size_per_gpu"]
         self.grad_accum: int = self.config["gradient_accumulation_steps"]
         self.train_batch: int = self.config["train_batch_size"]
+        self.checkpoint_every = int(checkpoint_every or 0)
         self.engine = None
+        self.state: dict[str, Any] = {}
+        self.start_step = 0
+        self.resumed_from: str | None = None
+        self._restore_from = restore_from
         self._steps = 0
-        self._last_time = time.perf_counter()
         self._last_step = 0
-        self._started = self._last_time
+        self._last_checkpoint_step: int | None = None
+        self._last_metrics: dict[str, Any] = {}
+        self._started = self._last_time = time.perf_counter()
 
     @property
     def is_main(self) -> bool:
@@ -56,6 +74,7 @@ class TrainContext:
         if self.is_main:
             print(*parts, flush=True)
 
+    # -- engine -----------------------------------------------------------------------------------
     def deepspeed(
         self,
         model: Any,
@@ -66,7 +85,8 @@ class TrainContext:
         model_parameters: Any = None,
         **kwargs: Any,
     ) -> Any:
-        """A DeepSpeed engine for ``model`` built from the resolved config.
+        """A DeepSpeed engine for ``model`` built from the resolved config, restored from the checkpoint
+        this run continues from (if any).
 
         ``optimizer``: a torch optimizer, a callable ``params -> optimizer``, or None. With None and no
         ``optimizer`` section in the config, raytrain uses ``torch.optim.AdamW(lr=lr)`` (fused on CUDA), a
@@ -81,7 +101,7 @@ class TrainContext:
             import torch
 
             fused = getattr(self.device, "type", "cpu") == "cuda"
-            optimizer = torch.optim.AdamW(params, lr=lr, fused=fused) if fused else torch.optim.AdamW(params, lr=lr)
+            optimizer = torch.optim.AdamW(params, lr=lr, fused=True) if fused else torch.optim.AdamW(params, lr=lr)
         elif callable(optimizer) and not hasattr(optimizer, "step"):
             optimizer = optimizer(params)
         self.engine = build_engine(
@@ -92,16 +112,29 @@ class TrainContext:
             model_parameters=params if optimizer is None else None,
             **kwargs,
         )
+        self._restore()
         return self.engine
 
-    def report(self, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+    def _restore(self) -> None:
+        if not self._restore_from:
+            return
+        from raytrain.runtime import checkpoint
+
+        step, self.state = checkpoint.load(
+            self.engine, self._restore_from, rank=self.rank, world_size=self.world_size
+        )
+        self.start_step = self._last_step = self._last_checkpoint_step = step
+        self.resumed_from = self._restore_from
+        self.log(f"raytrain: restored step {step} from {self._restore_from}")
+
+    # -- reporting and checkpoints ----------------------------------------------------------------
+    def report(self, metrics: dict[str, Any], *, checkpoint: bool | None = None) -> None:
         """Report metrics after an optimizer step: to Ray Train (every rank) and to the terminal (rank 0).
 
-        ``step`` defaults to the engine's global step (or a count of reports); ``samples_per_s`` is derived
-        from the global train batch size.
+        ``step`` defaults to the engine's global step; ``samples_per_s`` and ``step_time_s`` are derived
+        from the global batch. A checkpoint is saved every ``--checkpoint-every`` steps, or when
+        ``checkpoint=True`` (every rank must pass the same value).
         """
-        import ray.train
-
         clean = {k: _as_float(v) for k, v in metrics.items()}
         self._steps += 1
         step = clean.get("step")
@@ -116,12 +149,42 @@ class TrainContext:
             clean.setdefault("step_time_s", round(dt / steps_done, 4))
         self._last_time, self._last_step = now, int(step)
         clean.setdefault("elapsed_s", round(now - self._started, 3))
+        if checkpoint is None:
+            checkpoint = bool(self.checkpoint_every) and int(step) % self.checkpoint_every == 0
+        self._last_metrics = clean
         if self.is_main:
             events.emit(events.METRICS, **clean)
-        ray.train.report(clean, checkpoint=checkpoint)
+        self._report(clean, checkpoint and self.engine is not None)
+
+    def _report(self, metrics: dict[str, Any], with_checkpoint: bool) -> None:
+        import ray.train
+
+        if not with_checkpoint:
+            ray.train.report(metrics)
+            return
+        from raytrain.runtime import checkpoint
+
+        step = int(metrics["step"])
+        directory = checkpoint.save(
+            self.engine, rank=self.rank, world_size=self.world_size, step=step,
+            user_state=self.state, metrics=metrics,
+        )
+        try:
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        self._last_checkpoint_step = step
+        if self.is_main:
+            events.emit(events.CHECKPOINT, step=step)
+
+    def finish(self) -> None:
+        """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none."""
+        if self.checkpoint_every and self.engine is not None and self._last_metrics:
+            if self._last_checkpoint_step != int(self._last_metrics["step"]):
+                self._report(dict(self._last_metrics), True)
 
 
-def make_context(plan: dict[str, Any]) -> TrainContext:
+def make_context(plan: dict[str, Any], *, restore_from: str | None, checkpoint_every: int) -> TrainContext:
     """The context of the calling Ray Train worker."""
     import ray.train
     import ray.train.torch
@@ -133,4 +196,6 @@ def make_context(plan: dict[str, Any]) -> TrainContext:
         local_rank=rctx.get_local_rank(),
         world_size=rctx.get_world_size(),
         device=ray.train.torch.get_device(),
+        restore_from=restore_from,
+        checkpoint_every=checkpoint_every,
     )

@@ -1,8 +1,8 @@
 """The Ray job entrypoint: ``python -m raytrain.runtime.driver``, run by the cluster for each submission.
 
-Reads the plan from ``$RAYTRAIN_PLAN``, checks the cluster can hold it, runs Ray Train's TorchTrainer and
-prints events (see raytrain.events) that the CLI follows. Exit status: 0 done, 1 training failed,
-3 the cluster cannot hold the request.
+Reads the plan from ``$RAYTRAIN_PLAN``, checks the cluster can hold it, resolves ``--resume``, runs Ray
+Train's TorchTrainer and prints events (see raytrain.events) that the CLI follows. Exit status: 0 done,
+1 training failed, 3 the plan cannot run on this cluster (capacity, resume point).
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import sys
 import traceback
 
 from raytrain import events
-from raytrain.events import emit
 from raytrain.capacity import Node, capacity_problem
+from raytrain.events import emit
 
 EXIT_TRAINING_FAILED = 1
-EXIT_CAPACITY = 3
+EXIT_CANNOT_RUN = 3
 
 
 def cluster_nodes() -> list[Node]:
@@ -53,6 +53,39 @@ def _root_cause(exc: BaseException) -> tuple[BaseException, int | None]:
     return exc, rank
 
 
+def _one_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:500]
+
+
+def restart_announcer(max_failures: int):
+    """A Ray Train callback (runs in the controller) that announces each worker-group restart."""
+    from ray.train import UserCallback
+
+    class AnnounceRestarts(UserCallback):
+        def __init__(self):
+            self.failures = 0
+            self.seen: set = set()
+
+        def after_exception(self, run_context, worker_exceptions):
+            key = frozenset((rank, repr(exc)[:300]) for rank, exc in worker_exceptions.items())
+            if key in self.seen:
+                return
+            self.seen.add(key)
+            self.failures += 1
+            rank = min(worker_exceptions)
+            cause, _ = _root_cause(worker_exceptions[rank])
+            if max_failures < 0 or self.failures <= max_failures:
+                emit(
+                    events.RESTARTING,
+                    attempt=self.failures + 1,
+                    rank=rank,
+                    reason=f"{type(cause).__name__}: {_one_line(cause)}",
+                )
+
+    return AnnounceRestarts()
+
+
 def main() -> int:
     plan = json.loads(os.environ["RAYTRAIN_PLAN"])
     run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan["name"]
@@ -63,26 +96,40 @@ def main() -> int:
     problem = capacity_problem(scaling["num_workers"], scaling["resources_per_worker"], cluster_nodes())
     if problem:
         emit(events.CAPACITY, message=problem)
-        return EXIT_CAPACITY
+        return EXIT_CANNOT_RUN
 
-    from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    resume_from = None
+    if plan.get("resume"):
+        from raytrain.checkpoints import resolve_resume
+        from raytrain.errors import ConfigError
+
+        try:
+            resume_from = resolve_resume(plan["resume"], plan.get("storage")).path
+        except ConfigError as exc:
+            emit(events.INVALID, message=str(exc))
+            return EXIT_CANNOT_RUN
+
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raytrain.runtime.worker import train_loop_per_worker
 
+    max_failures = int(plan.get("max_failures") or 0)
     emit(
         events.STARTED,
         name=plan["name"],
         run=run_name,
+        storage=plan.get("storage"),
         workers=scaling["num_workers"],
         use_gpu=scaling["use_gpu"],
         zero=plan["zero"],
         precision=plan["precision"],
         train_batch=plan["deepspeed"]["train_batch_size"],
+        resume_from=resume_from,
     )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"plan": plan},
+        train_loop_config={"plan": plan, "resume_from": resume_from},
         scaling_config=ScalingConfig(
             num_workers=scaling["num_workers"],
             use_gpu=scaling["use_gpu"],
@@ -92,7 +139,9 @@ def main() -> int:
         run_config=RunConfig(
             name=run_name,
             storage_path=plan.get("storage") or None,
-            failure_config=FailureConfig(max_failures=0),
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=plan.get("keep") or None),
+            callbacks=[restart_announcer(max_failures)],
             # Ray Train logs every report at INFO; raytrain shows progress itself.
             logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
         ),
@@ -102,13 +151,14 @@ def main() -> int:
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
         cause, rank = _root_cause(exc)
         traceback.print_exc()
-        lines = [line for line in str(cause).strip().splitlines() if line.strip()]
-        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=(lines[-1] if lines else "")[:500])
+        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=_one_line(cause))
         return EXIT_TRAINING_FAILED
+    checkpoint = getattr(result, "checkpoint", None)
     emit(
         events.FINISHED,
         metrics=result.metrics,
         path=getattr(result, "path", None),
+        checkpoint=getattr(checkpoint, "path", None),
     )
     return 0
 

@@ -40,5 +40,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     from raytrain.runtime.context import make_context
 
     module = load_job(plan["job_module"])
-    ctx = make_context(plan)
+    ctx = make_context(plan, restore_from=restore_point(config), checkpoint_every=plan.get("checkpoint_every") or 0)
     module.train(ctx)
+    ctx.finish()
+
+
+def restore_point(config: dict[str, Any]) -> str | None:
+    """The checkpoint to continue from: Ray Train's latest (after a worker-group restart) or --resume's."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return config.get("resume_from")
+    if type(checkpoint.filesystem).__name__ == "LocalFileSystem":
+        return checkpoint.path
+    return checkpoint.to_directory()  # remote storage (s3://, gs://): download this worker's copy

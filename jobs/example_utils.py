@@ -1,0 +1,39 @@
+"""Helpers the example jobs share (a job's sibling modules ship with it and import normally)."""
+import argparse
+import os
+import time
+
+import torch
+
+
+def batch_generator(seed: int, rank: int, step: int, micro: int) -> torch.Generator:
+    """A generator for one micro-batch, a pure function of (seed, rank, step, micro-step): the data stream
+    continues exactly where it stopped after a resume, with no sampler state to save."""
+    return torch.Generator().manual_seed(((seed * 1_000_003 + rank) * 1_000_003 + step) * 1_000 + micro)
+
+
+def add_fault_tolerance_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fail-once-at-step", type=int, default=0,
+                        help="rank 1 (or 0 with one worker) dies at this step unless the run was restored: "
+                             "try --max-failures")
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step")
+    parser.add_argument("--probe-out", default="", help="rank 0 saves the model's outputs on a fixed input here")
+
+
+def after_step(ctx, args, step: int) -> None:
+    if args.step_sleep:
+        time.sleep(args.step_sleep)
+    if args.fail_once_at_step and step == args.fail_once_at_step and ctx.resumed_from is None:
+        if ctx.rank == min(1, ctx.world_size - 1):
+            print(f"rank {ctx.rank}: simulated crash at step {step}", flush=True)
+            os._exit(1)  # a real process death, not an exception
+
+
+def save_probe(ctx, engine, args, probe: torch.Tensor) -> None:
+    """Every rank runs the forward (ZeRO-3 gathers parameters collectively); rank 0 saves the outputs."""
+    if not args.probe_out:
+        return
+    with torch.no_grad():
+        out = engine(probe.to(ctx.device))
+    if ctx.is_main:
+        torch.save({"input": probe.cpu(), "output": out.float().cpu()}, args.probe_out)

@@ -1,0 +1,41 @@
+"""``python -m raytrain.runtime.export CHECKPOINT_DIR OUT.pt``: a consolidated fp32 state_dict.
+
+Runs in its own process (the CLI never imports deepspeed). Uses DeepSpeed's zero_to_fp32 path for ZeRO
+checkpoints (stages 1-3: fp32 master weights gathered from every rank's shard) and the module weights
+for stage 0. The result loads with ``model.load_state_dict(torch.load(OUT))``, without DeepSpeed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def export(checkpoint_dir: str, out: str) -> dict:
+    import torch
+
+    d = Path(checkpoint_dir)
+    marker = json.loads((d / "raytrain_rank0.json").read_text())
+    tag = marker["tag"]
+    zero_shards = list((d / tag).glob("*optim_states.pt"))
+    if zero_shards and any("zero_pp_rank" in p.name for p in zero_shards):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(d), tag=tag)
+    else:
+        model_states = torch.load(d / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        state = model_states["module"]
+    state = {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, out)
+    return {
+        "checkpoint": str(d),
+        "step": marker["step"],
+        "out": out,
+        "tensors": len(state),
+        "parameters": int(sum(v.numel() for v in state.values())),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(export(sys.argv[1], sys.argv[2])))

@@ -1,0 +1,112 @@
+"""Checkpoints, resume and fault tolerance on the real local cluster: nothing is lost, nothing repeats."""
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import JOBS
+
+pytestmark = pytest.mark.e2e
+
+GPT_Z3 = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--grad-accum", "2", "--micro-batch", "2",
+          "--checkpoint-every", "4"]
+CNN_Z1 = ["--workers", "2", "--zero", "1", "--precision", "bf16", "--micro-batch", "8", "--checkpoint-every", "3"]
+
+
+def submit_json(cli, job, flags, job_args, expect=0):
+    proc = cli("submit", job, *flags, "--json", "--", *job_args)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    return json.loads(proc.stdout) if expect == 0 else proc
+
+
+@pytest.fixture(scope="module")
+def gpt_baseline(e2e_env, tmp_path_factory):
+    """An uninterrupted ZeRO-3 run: its final loss, its run id and the engine's outputs on a probe."""
+    e2e_env("cluster", "up", "--num-cpus", "2", check=True, timeout=180)
+    probe = tmp_path_factory.mktemp("probe") / "probe.pt"
+    info = submit_json(e2e_env, JOBS / "gpt_zero.py", GPT_Z3, ["--steps", "10", "--probe-out", probe])
+    return info, e2e_env.facts(info["id"]), probe
+
+
+def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline):
+    base_info, base, _ = gpt_baseline
+    assert base.checkpoints == [4, 8, 10]  # every 4 steps and at the end
+    info = submit_json(cli, JOBS / "gpt_zero.py", [*GPT_Z3, "--max-failures", "1"],
+                       ["--steps", "10", "--fail-once-at-step", "6"])
+    facts = cli.facts(info["id"])
+    assert info["state"] == "succeeded" and info["restarts"] == 1
+    steps = [m["step"] for m in facts.metrics]
+    assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10]  # steps 5-6 redone from the step-4 checkpoint
+    assert facts.losses[-1] == base.losses[-1]  # bit for bit
+    assert facts.losses[-4:] == base.losses[-4:]
+
+
+def test_without_max_failures_a_killed_worker_fails_the_job(cli):
+    proc = submit_json(cli, JOBS / "cnn.py", ["--workers", "2", "--micro-batch", "4"],
+                       ["--steps", "4", "--fail-once-at-step", "2"], expect=1)
+    assert "failed" in proc.stderr
+
+
+def test_stop_then_resume_continues_where_it_stopped(cli):
+    base = cli.facts(submit_json(cli, JOBS / "cnn.py", CNN_Z1, ["--steps", "9"])["id"])
+    proc = cli("submit", JOBS / "cnn.py", *CNN_Z1, "--no-wait", "--json", "--", "--steps", "9", "--step-sleep", "2")
+    run = json.loads(proc.stdout)["id"]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and 3 not in cli.facts(run).checkpoints:
+        time.sleep(1)
+    assert cli("jobs", "stop", run, check=True).stdout.strip().endswith("stopped")
+    stopped_at = cli.facts(run).metrics[-1]["step"]
+    assert stopped_at < 9
+
+    listed = json.loads(cli("jobs", "checkpoints", run, "--json", check=True).stdout)
+    assert listed and all(c["complete"] for c in listed) and listed[0]["step"] == 3
+
+    info = submit_json(cli, JOBS / "cnn.py", [*CNN_Z1, "--resume", run], ["--steps", "9"])
+    resumed = cli.facts(info["id"])
+    last_ckpt = listed[-1]["step"]
+    assert [m["step"] for m in resumed.metrics] == list(range(last_ckpt + 1, 10))
+    assert resumed.started["resume_from"] == listed[-1]["path"]
+    assert resumed.losses[-1] == base.losses[-1]  # bit for bit
+
+
+def test_resume_of_an_unknown_run_is_refused(cli):
+    proc = cli("submit", JOBS / "cnn.py", "--resume", "raytrain-nothing-here")
+    assert proc.returncode == 2 and "--resume raytrain-nothing-here: no such run or checkpoint" in proc.stderr
+
+
+def test_export_gives_the_engines_outputs_and_skips_an_interrupted_checkpoint(cli, gpt_baseline, tmp_path):
+    import torch
+
+    info, _, probe_path = gpt_baseline
+    run_dir = Path(json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)[-1]["path"]).parent
+    # an interrupted save: a newer checkpoint directory whose rank-1 shard is truncated
+    complete = sorted(p for p in run_dir.glob("checkpoint_*") if p.is_dir())[-1]
+    broken = run_dir / "checkpoint_9999-99-99_99-99-99.999999"
+    shutil.copytree(complete, broken)
+    marker = json.loads((broken / "raytrain_rank0.json").read_text())
+    marker["step"] = 99
+    (broken / "raytrain_rank0.json").write_text(json.dumps(marker))
+    shard = next(p for p in broken.rglob("*rank_1*") if p.is_file())
+    shard.write_bytes(shard.read_bytes()[:10])
+
+    listed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
+    assert listed[-1]["step"] == 99 and not listed[-1]["complete"]
+
+    out = tmp_path / "model.pt"
+    result = json.loads(cli("export", info["id"], "--out", out, "--json", check=True).stdout)
+    assert result["step"] == 10  # the complete checkpoint, not the interrupted one
+
+    sys.path.insert(0, str(JOBS))
+    try:
+        import gpt_zero
+    finally:
+        sys.path.remove(str(JOBS))
+    model = gpt_zero.model([])
+    model.load_state_dict(torch.load(out))
+    model.eval()
+    probe = torch.load(probe_path)
+    with torch.no_grad():
+        torch.testing.assert_close(model(probe["input"]), probe["output"], rtol=1e-5, atol=1e-5)

@@ -1,0 +1,63 @@
+"""Checkpoint completeness and resume resolution on real directories (no torch, no Ray)."""
+import json
+
+import pytest
+
+from raytrain import checkpoints
+from raytrain.errors import ConfigError
+
+
+def make_checkpoint(run_dir, name, step, world=2, sizes=(10, 20)):
+    d = run_dir / name
+    (d / f"step{step}").mkdir(parents=True)
+    for rank in range(world):
+        shard = d / f"step{step}" / f"shard_{rank}.pt"
+        shard.write_bytes(b"x" * sizes[rank])
+        marker = {"rank": rank, "world_size": world, "step": step, "tag": f"step{step}", "time": 1.0 + step,
+                  "metrics": {"loss": 1.0 / step}, "files": {f"step{step}/shard_{rank}.pt": sizes[rank]}}
+        (d / f"raytrain_rank{rank}.json").write_text(json.dumps(marker))
+    return d
+
+
+def test_complete_checkpoint(tmp_path):
+    d = make_checkpoint(tmp_path, "checkpoint_a", 4)
+    info = checkpoints.inspect(d)
+    assert info.complete and info.step == 4 and info.world_size == 2 and info.size_bytes > 30
+    assert info.metrics == {"loss": 0.25}
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda d: (d / "raytrain_rank1.json").unlink(), "rank 1 marker missing"),
+        (lambda d: (d / "raytrain_rank0.json").unlink(), "rank 0 marker missing"),
+        (lambda d: (d / "step8" / "shard_1.pt").write_bytes(b"x" * 3), "rank 1 file step8/shard_1.pt"),
+        (lambda d: (d / "step8" / "shard_0.pt").unlink(), "rank 0 file step8/shard_0.pt"),
+    ],
+)
+def test_interrupted_checkpoint_is_never_picked(tmp_path, damage, reason):
+    make_checkpoint(tmp_path, "checkpoint_a", 4)
+    newer = make_checkpoint(tmp_path, "checkpoint_b", 8)
+    damage(newer)
+    info = checkpoints.inspect(newer)
+    assert not info.complete and reason in info.reason
+    assert checkpoints.latest_complete(tmp_path).step == 4
+    assert checkpoints.resolve_resume(str(tmp_path), None).step == 4
+    with pytest.raises(ConfigError, match="incomplete"):
+        checkpoints.resolve_resume(str(newer), None)
+
+
+def test_resume_by_run_name_under_storage(tmp_path):
+    run = tmp_path / "raytrain-gpt-1"
+    make_checkpoint(run, "checkpoint_a", 4)
+    make_checkpoint(run, "checkpoint_b", 12)
+    assert checkpoints.resolve_resume("raytrain-gpt-1", str(tmp_path)).step == 12
+    assert [c.step for c in checkpoints.list_checkpoints(run)] == [4, 12]
+
+
+def test_resume_errors_name_what_was_tried(tmp_path):
+    with pytest.raises(ConfigError, match="--resume nope: no such run or checkpoint"):
+        checkpoints.resolve_resume("nope", str(tmp_path))
+    (tmp_path / "empty-run").mkdir()
+    with pytest.raises(ConfigError, match="has no complete checkpoint"):
+        checkpoints.resolve_resume("empty-run", str(tmp_path))
