@@ -19,6 +19,8 @@ INVALID = "invalid"  # driver: the plan cannot run on this cluster (e.g. --resum
 METRICS = "metrics"  # rank 0: step, loss, throughput, user metrics
 RESTARTING = "restarting"  # controller: the worker group is restarting after a failure
 CHECKPOINT = "checkpoint"  # rank 0: a checkpoint of this step was reported
+MEMORY = "memory"  # every rank, every ~10 s and at the end: peak GPU memory (NVML) or RSS
+ESTIMATE = "estimate"  # rank 0: the planner's per-GPU memory estimate for this model and config
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 
@@ -56,6 +58,8 @@ class JobFacts:
     restarts: int = 0
     restarting: bool = False  # a restart was announced and no step has been reported since
     checkpoints: list[int] = field(default_factory=list)
+    memory: dict[int, dict] = field(default_factory=dict)  # rank -> latest memory event
+    estimate: dict | None = None
     finished: dict | None = None
     error: dict | None = None
 
@@ -75,6 +79,10 @@ class JobFacts:
         elif kind == RESTARTING:
             self.restarts += 1
             self.restarting = True
+        elif kind == MEMORY:
+            self.memory[int(event.get("rank", 0))] = event
+        elif kind == ESTIMATE:
+            self.estimate = event
         elif kind == CHECKPOINT:
             self.checkpoints.append(event.get("step"))
         elif kind == FINISHED:
@@ -85,6 +93,14 @@ class JobFacts:
     @property
     def last_metrics(self) -> dict | None:
         return self.metrics[-1] if self.metrics else None
+
+    def peak_memory(self) -> tuple[str, int] | None:
+        """("gpu" | "rss", the largest peak over all workers in bytes), or None before any sample."""
+        gpu = [m["gpu_memory_peak"] for m in self.memory.values() if m.get("gpu_memory_peak")]
+        if gpu:
+            return "gpu", max(gpu)
+        rss = [m["rss_peak"] for m in self.memory.values() if m.get("rss_peak")]
+        return ("rss", max(rss)) if rss else None
 
     @property
     def losses(self) -> list[float]:

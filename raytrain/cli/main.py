@@ -8,6 +8,7 @@ import click
 from raytrain import __version__
 from raytrain.cli.checkpoints import export, list_checkpoints
 from raytrain.cli.cluster import cluster
+from raytrain.cli.gpus import gpus
 from raytrain.cli.jobs import jobs
 from raytrain.cli.plan import plan
 from raytrain.cli.submit import submit
@@ -25,6 +26,7 @@ main.add_command(submit)
 main.add_command(cluster)
 main.add_command(jobs)
 main.add_command(export)
+main.add_command(gpus)
 jobs.add_command(list_checkpoints)
 main.add_command(plan)
 

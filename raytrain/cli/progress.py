@@ -10,6 +10,30 @@ from rich.text import Text
 from raytrain import events
 
 
+def gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def memory_summary(facts: events.JobFacts) -> list[str]:
+    """Per-worker peak memory against the planner's estimate, one line each."""
+    if not facts.memory:
+        return []
+    lines = []
+    gpu = any(m.get("gpu_memory_peak") for m in facts.memory.values())
+    key, what = ("gpu_memory_peak", "peak GPU memory") if gpu else ("rss_peak", "peak RSS (CPU workers)")
+    peaks = ", ".join(
+        f"rank {rank} {gb(m[key])}" for rank, m in sorted(facts.memory.items()) if m.get(key)
+    )
+    lines.append(f"{what}: {peaks}")
+    if facts.estimate:
+        e = facts.estimate
+        lines.append(
+            f"planner estimate per GPU: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
+            f"{e['params']:,} parameters; activations not included)"
+        )
+    return lines
+
+
 def describe_metrics(m: dict) -> str:
     parts = [f"step {m.get('step', '?')}"]
     if isinstance(m.get("loss"), (int, float)):
@@ -19,13 +43,17 @@ def describe_metrics(m: dict) -> str:
     if isinstance(m.get("step_time_s"), (int, float)):
         parts.append(f"{m['step_time_s'] * 1000:.0f} ms/step")
     for key, value in m.items():
-        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "elapsed_s"):
+        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "elapsed_s") or key.endswith("_gb"):
             continue
         if isinstance(value, float):
             parts.append(f"{key} {value:.4g}")
         elif isinstance(value, (int, str)) and len(str(value)) < 24:
             parts.append(f"{key} {value}")
     return "  ".join(parts)
+
+
+# Ray Train logs each ray.train.report at INFO from every worker; raytrain's progress line says it better.
+NOISE = ("Reporting training result ",)
 
 
 class ProgressPrinter:
@@ -58,6 +86,9 @@ class ProgressPrinter:
         last = self.facts.last_metrics
         state = "waiting for workers" if self.facts.started is None else "training"
         body = describe_metrics(last) if last else state
+        peak = self.facts.peak_memory()
+        if peak:
+            body += f"  {'GPU mem' if peak[0] == 'gpu' else 'RSS'} peak {gb(peak[1])}"
         return Text(f"[{elapsed:5.0f}s] {body}", style="bold cyan")
 
     def on_text(self, text: str) -> None:
@@ -72,7 +103,7 @@ class ProgressPrinter:
     def _line(self, line: str) -> None:
         event = events.parse_line(line)
         if event is None:
-            if self.show_logs and line.strip():
+            if self.show_logs and line.strip() and not any(n in line for n in NOISE):
                 self.console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         self.facts.add(event)

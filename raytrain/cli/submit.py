@@ -8,7 +8,7 @@ from rich.console import Console
 
 from raytrain import api
 from raytrain.cli.common import address_option, handle_errors, print_json
-from raytrain.cli.progress import ProgressPrinter, describe_metrics
+from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
 from raytrain.config.options import OFFLOADS, PRECISIONS, Options, load_profile
 from raytrain.errors import ConfigError
 
@@ -159,8 +159,9 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
             )
         sys.exit(130)
     last = info.facts.last_metrics if info.facts else None
+    summary = describe_metrics(last) if last else "no metrics reported"
+    console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False, soft_wrap=True)
+    for line in memory_summary(info.facts):
+        console.print(f"raytrain: {line}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(info.to_dict())
-    else:
-        summary = describe_metrics(last) if last else "no metrics reported"
-        console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False, soft_wrap=True)

@@ -78,4 +78,7 @@ class JobInfo:
             out["last_metrics"] = self.facts.last_metrics
             out["final"] = self.facts.finished
             out["error"] = self.facts.error
+            out["checkpoints"] = self.facts.checkpoints
+            out["memory"] = {str(rank): event for rank, event in sorted(self.facts.memory.items())}
+            out["estimate"] = self.facts.estimate
         return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import time
 from typing import Any
@@ -64,6 +65,64 @@ class TrainContext:
         self._last_checkpoint_step: int | None = None
         self._last_metrics: dict[str, Any] = {}
         self._started = self._last_time = time.perf_counter()
+        self.monitor = None
+        self._memory_every_s = 10.0
+        self._last_memory_event = 0.0
+
+    # -- memory -----------------------------------------------------------------------------------
+    def start_monitor(self, interval: float) -> None:
+        """Sample this worker's GPU (NVML) or RSS (CPU workers) in a background thread."""
+        from raytrain.runtime.monitor import MemoryMonitor
+
+        use_gpu = bool(self.plan["scaling"]["use_gpu"])
+        self.monitor = MemoryMonitor(interval=interval, gpu=True if use_gpu else False).start()
+
+    def _memory_event(self, final: bool = False) -> None:
+        if self.monitor is None:
+            return
+        now = time.monotonic()
+        if not final and now - self._last_memory_event < self._memory_every_s:
+            return
+        self._last_memory_event = now
+        peak = self.monitor.peak()
+        events.emit(
+            events.MEMORY,
+            rank=self.rank,
+            source=peak["source"],
+            rss_peak=peak["rss_peak"],
+            gpu_memory_peak=peak["gpu_memory_used_peak"],
+            final=final,
+        )
+
+    def _predict_memory(self, model: Any) -> None:
+        """Rank 0: the planner's per-GPU estimate for this exact model and config, for the job summary."""
+        if not self.is_main:
+            return
+        try:
+            from raytrain.planner.memory import Config, estimate
+            from raytrain.planner.meta import count_parameters, largest_layer
+
+            params = count_parameters(model)
+            largest, _ = largest_layer(model)
+            precision = self.plan["precision"] if self.plan["precision"] != "fp16" else "fp16"
+            est = estimate(
+                Config(zero=self.plan["zero"], offload=self.plan["offload"], precision=precision),
+                params=params,
+                largest_layer=largest,
+                gpus=self.world_size,
+                gpus_per_node=max(1, int(self.plan["scaling"]["num_workers"])),
+            )
+        except Exception as exc:  # the estimate is advisory; never fail training for it
+            self.log(f"raytrain: no memory estimate ({type(exc).__name__}: {exc})")
+            return
+        events.emit(
+            events.ESTIMATE,
+            params=params,
+            model_states=est.states.gpu_total,
+            gpu_allocated=est.allocated,
+            gpu_total=est.gpu_total,
+            cpu_per_node=est.cpu_per_node,
+        )
 
     @property
     def is_main(self) -> bool:
@@ -104,6 +163,7 @@ class TrainContext:
             optimizer = torch.optim.AdamW(params, lr=lr, fused=True) if fused else torch.optim.AdamW(params, lr=lr)
         elif callable(optimizer) and not hasattr(optimizer, "step"):
             optimizer = optimizer(params)
+        self._predict_memory(model)
         self.engine = build_engine(
             model,
             optimizer=optimizer,
@@ -149,11 +209,15 @@ class TrainContext:
             clean.setdefault("step_time_s", round(dt / steps_done, 4))
         self._last_time, self._last_step = now, int(step)
         clean.setdefault("elapsed_s", round(now - self._started, 3))
+        if self.monitor is not None:
+            for key, value in self.monitor.metrics().items():
+                clean.setdefault(key, value)
         if checkpoint is None:
             checkpoint = bool(self.checkpoint_every) and int(step) % self.checkpoint_every == 0
         self._last_metrics = clean
         if self.is_main:
             events.emit(events.METRICS, **clean)
+        self._memory_event()
         self._report(clean, checkpoint and self.engine is not None)
 
     def _report(self, metrics: dict[str, Any], with_checkpoint: bool) -> None:
@@ -178,10 +242,14 @@ class TrainContext:
             events.emit(events.CHECKPOINT, step=step)
 
     def finish(self) -> None:
-        """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none."""
+        """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;
+        every worker's peak memory."""
         if self.checkpoint_every and self.engine is not None and self._last_metrics:
             if self._last_checkpoint_step != int(self._last_metrics["step"]):
                 self._report(dict(self._last_metrics), True)
+        if self.monitor is not None:
+            self.monitor.stop()
+            self._memory_event(final=True)
 
 
 def make_context(plan: dict[str, Any], *, restore_from: str | None, checkpoint_every: int) -> TrainContext:
@@ -190,7 +258,7 @@ def make_context(plan: dict[str, Any], *, restore_from: str | None, checkpoint_e
     import ray.train.torch
 
     rctx = ray.train.get_context()
-    return TrainContext(
+    ctx = TrainContext(
         plan,
         rank=rctx.get_world_rank(),
         local_rank=rctx.get_local_rank(),
@@ -199,3 +267,7 @@ def make_context(plan: dict[str, Any], *, restore_from: str | None, checkpoint_e
         restore_from=restore_from,
         checkpoint_every=checkpoint_every,
     )
+    interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
+    if interval > 0:
+        ctx.start_monitor(interval)
+    return ctx

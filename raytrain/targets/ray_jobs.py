@@ -86,7 +86,11 @@ class RayJobsTarget(Target):
 
             from ray.job_submission import JobSubmissionClient
 
-            for noisy in ("ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk"):
+            for noisy in (
+                "ray.dashboard.modules.job.sdk",
+                "ray.dashboard.modules.dashboard_sdk",
+                "ray._private.runtime_env.packaging",
+            ):
                 logging.getLogger(noisy).setLevel(logging.WARNING)  # uploads, websocket closes
 
             try:
@@ -160,6 +164,34 @@ class RayJobsTarget(Target):
 
     def stop(self, job_id: str) -> bool:
         return bool(self._call("job stop", self.client.stop_job, job_id))
+
+    def run_utility(self, module: str, event_kind: str, timeout_s: float = 120.0) -> dict:
+        """Run ``python -m MODULE`` as a short Ray job and return the event it prints (e.g. GPU inventory)."""
+        import time
+
+        from raytrain.events import parse_line
+
+        runtime_env: dict = {"env_vars": {"PYTHONUNBUFFERED": "1"}}
+        if self.ship_raytrain:
+            runtime_env["py_modules"] = [str(Path(raytrain.__file__).parent)]
+        job_id = new_submission_id(module.rsplit(".", 1)[-1])
+        self.client.submit_job(
+            entrypoint=f"{self.python} -m {module}", submission_id=job_id, runtime_env=runtime_env,
+            metadata={"raytrain-utility": module},
+        )
+        deadline = time.monotonic() + timeout_s
+        status = self.status(job_id, with_facts=False)
+        while not status.state.terminal:
+            if time.monotonic() > deadline:
+                self.stop(job_id)
+                raise ClusterError(f"{module} did not finish within {timeout_s:.0f} s on {self.address}")
+            time.sleep(0.5)
+            status = self.status(job_id, with_facts=False)
+        for line in self.logs(job_id).splitlines():
+            event = parse_line(line)
+            if event and event.get("event") == event_kind:
+                return event
+        raise ClusterError(f"{module} failed on {self.address}: {status.message}")
 
     def list(self) -> list[JobInfo]:
         jobs = self._call("job list", self.client.list_jobs)

@@ -59,6 +59,17 @@ def test_submit_gpt_zero3_bf16_grad_accum(cli):
     info = json.loads(proc.stdout)
     assert info["state"] == "succeeded" and info["metadata"]["zero"] == "3"
     assert_loss_falls(cli.facts(info["id"]).losses, 10)
+    # every worker reported its peak memory (RSS on CPU workers); rank 0 the planner's estimate
+    assert set(info["memory"]) == {"0", "1"}
+    assert all(m["source"] == "cpu" and m["rss_peak"] > 100e6 for m in info["memory"].values())
+    import sys
+    sys.path.insert(0, str(JOBS))
+    try:
+        import gpt_zero
+    finally:
+        sys.path.remove(str(JOBS))
+    assert info["estimate"]["params"] == sum(p.numel() for p in gpt_zero.model([]).parameters())
+    assert "peak RSS (CPU workers): rank 0" in proc.stderr and "planner estimate per GPU" in proc.stderr
 
 
 def test_more_workers_than_the_cluster_has_fails_fast(cli):
@@ -106,6 +117,13 @@ def test_jobs_stop_frees_the_workers_for_the_next_job(cli):
                timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert cli.json("jobs", "status", job)["state"] == "stopped"
+
+
+def test_gpus_on_a_cpu_cluster(cli):
+    proc = cli("gpus", check=True)
+    assert proc.stdout.startswith("no GPU on the cluster at http://127.0.0.1:") and "1 node(s)" in proc.stdout
+    nodes = cli.json("gpus")["nodes"]
+    assert len(nodes) == 1 and nodes[0]["gpus"] == [] and nodes[0]["hostname"]
 
 
 def test_logs_follow_of_a_finished_job_ends(cli):
