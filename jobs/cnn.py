@@ -59,7 +59,7 @@ def train(ctx):
 
     torch.manual_seed(args.seed)
     engine = ctx.deepspeed(Net(), optimizer=lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9))
-    data = SyntheticMNIST(ctx.rank, seed=args.seed)
+    data = SyntheticMNIST(ctx.dp_rank, seed=args.seed)
     loss_fn = nn.CrossEntropyLoss()
     for step in range(ctx.start_step, args.steps):
         total = 0.0

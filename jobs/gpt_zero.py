@@ -94,7 +94,7 @@ def train(ctx):
     ctx.log(f"GPT: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
             f"floor loss ln({4})={math.log(4):.3f}, start ~ln({args.vocab})={math.log(args.vocab):.3f}")
     engine = ctx.deepspeed(model, lr=args.lr)
-    data = BigramTokens(args.vocab, args.seq, ctx.rank, seed=args.seed)
+    data = BigramTokens(args.vocab, args.seq, ctx.dp_rank, seed=args.seed)
     for step in range(ctx.start_step, args.steps):
         total = 0.0
         for micro in range(ctx.grad_accum):

@@ -88,7 +88,11 @@ class ProgressPrinter:
         body = describe_metrics(last) if last else state
         peak = self.facts.peak_memory()
         if peak:
-            body += f"  {'GPU mem' if peak[0] == 'gpu' else 'RSS'} peak {gb(peak[1])}"
+            key = "gpu_memory_peak" if peak[0] == "gpu" else "rss_peak"
+            per_rank = "/".join(
+                f"{m[key] / 1e9:.2f}" for _, m in sorted(self.facts.memory.items()) if m.get(key)
+            )
+            body += f"  {'GPU mem' if peak[0] == 'gpu' else 'RSS'} peak {per_rank} GB (per worker)"
         return Text(f"[{elapsed:5.0f}s] {body}", style="bold cyan")
 
     def on_text(self, text: str) -> None:

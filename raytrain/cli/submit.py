@@ -46,6 +46,11 @@ def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
         keep=flags.get("keep"),
         max_failures=flags.get("max_failures"),
         resume=flags.get("resume"),
+        tp=flags.get("tp"),
+        pp=flags.get("pp"),
+        pp_partition=flags.get("pp_partition"),
+        tp_spec=flags.get("tp_spec"),
+        activation_checkpointing=flags.get("activation_checkpointing"),
         env=_parse_env(flags.get("env") or ()),
     )
     return given.merged_over(profile)
@@ -81,6 +86,14 @@ def submit_options(fn):
                 help="Restart the workers from the latest checkpoint up to N times (-1: always).",
             ),
             click.option("--resume", metavar="RUN", help="Continue a run (job id/run name) or a checkpoint path."),
+            click.option("--tp", type=int, help="Tensor-parallel size (DeepSpeed AutoTP). Default 1."),
+            click.option("--pp", type=int, help="Pipeline stages (the job calls ctx.pipeline). Default 1."),
+            click.option("--pp-partition", help="How layers are split over stages: parameters, uniform, type:REGEX."),
+            click.option("--tp-spec", type=click.Path(), help="JSON/YAML AutoTP layer_specs for a plain nn.Module."),
+            click.option(
+                "--activation-checkpointing/--no-activation-checkpointing", default=None,
+                help="Recompute activations in backward (ctx.checkpointed / pipeline layers).",
+            ),
         ]
     ):
         fn = decorator(fn)
@@ -117,6 +130,12 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
                 "placement_strategy": plan.scaling.placement_strategy,
             },
             "parallel": plan.parallel,
+            "batch": {
+                "micro_batch": plan.deepspeed["train_micro_batch_size_per_gpu"],
+                "grad_accum": plan.deepspeed["gradient_accumulation_steps"],
+                "data_parallel": plan.parallel["dp"],
+                "global_batch": plan.train_batch,
+            },
             "plan": plan.to_dict(),
         }
         if as_json:

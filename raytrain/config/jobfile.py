@@ -13,6 +13,8 @@ class JobFile:
     path: Path  # absolute path on the submitting machine
     directory: Path  # shipped to the cluster as the runtime_env working_dir
     relative: str  # the file's path inside ``directory``, as workers import it
+    uses_pipeline: bool = False  # calls ctx.pipeline(...): it hands raytrain its layers
+    declares_tp_spec: bool = False  # defines a module-level TP_SPEC
 
 
 def check_job_file(path: str | None) -> JobFile:
@@ -51,5 +53,16 @@ def check_job_file(path: str | None) -> JobFile:
         raise ConfigError(
             f"job file {path}: train() takes no argument; define it as train(ctx)", flag="JOB"
         )
+    uses_pipeline = any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pipeline"
+        for node in ast.walk(tree)
+    )
+    declares_tp_spec = any(
+        isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TP_SPEC" for t in node.targets)
+        for node in tree.body
+    )
     resolved = p.resolve()
-    return JobFile(path=resolved, directory=resolved.parent, relative=resolved.name)
+    return JobFile(
+        path=resolved, directory=resolved.parent, relative=resolved.name,
+        uses_pipeline=uses_pipeline, declares_tp_spec=declares_tp_spec,
+    )

@@ -42,6 +42,17 @@ class Options:
     keep: int | None = None  # latest checkpoints kept; None = all
     max_failures: int | None = None  # worker-group restarts from the latest checkpoint; -1 = unlimited
     resume: str | None = None  # a run name, run directory or checkpoint directory
+    tp: int | None = None  # tensor-parallel size (DeepSpeed AutoTP)
+    pp: int | None = None  # pipeline stages (DeepSpeed PipelineModule)
+    pp_partition: str | None = None  # "parameters" | "uniform" | "type:REGEX"
+    tp_spec: str | None = None  # JSON/YAML file with AutoTP layer_specs for a plain nn.Module
+    activation_checkpointing: bool | None = None
+    # ZeRO-3 "cache prefetch" and ZeRO++ "quantisation" strategies (config file keys)
+    prefetch_bucket_size: int | None = None
+    max_live_parameters: int | None = None
+    quantized_weights: bool | None = None
+    quantized_gradients: bool | None = None
+    hpz_partition_size: int | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     def merged_over(self, base: "Options") -> "Options":
@@ -101,6 +112,7 @@ def load_profile(path: str | Path) -> Options:
         values[name] = value
     if "env" in values and not isinstance(values["env"], dict):
         raise ConfigError(f"--config {path}: 'env' must be a mapping", flag="--config")
-    if values.get("ds_config") and not Path(values["ds_config"]).is_absolute():
-        values["ds_config"] = str((p.parent / values["ds_config"]).resolve())
+    for key in ("ds_config", "tp_spec"):
+        if values.get(key) and not Path(values[key]).is_absolute():
+            values[key] = str((p.parent / values[key]).resolve())
     return Options(**values)

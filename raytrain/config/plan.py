@@ -29,6 +29,7 @@ class Plan:
     deepspeed: dict[str, Any]
     scaling: Scaling
     parallel: dict[str, int]  # dp, tp, pp
+    train_batch: int  # global batch: micro-batch x grad-accum x data-parallel size
     precision: str
     zero: int
     offload: str
@@ -38,6 +39,8 @@ class Plan:
     keep: int | None = None
     max_failures: int = 0
     resume: str | None = None
+    activation_checkpointing: bool = False
+    pp_partition: str = "parameters"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -89,6 +89,11 @@ def _ds_view(ds: dict[str, Any]) -> dict[str, Any]:
 
 
 FLAG_OF = {
+    "tp": "--tp",
+    "pp": "--pp",
+    "prefetch_bucket_size": "prefetch_bucket_size",
+    "max_live_parameters": "max_live_parameters",
+    "hpz_partition_size": "hpz_partition_size",
     "checkpoint_every": "--checkpoint-every",
     "max_failures": "--max-failures",
     "keep": "--keep",
@@ -220,6 +225,132 @@ def _deepspeed_dict(
     return {k: v for k, v in out.items() if v != "auto"}
 
 
+PP_PARTITIONS = ("parameters", "uniform")
+
+
+def load_tp_spec(path: str) -> dict[str, Any]:
+    """An AutoTP ``partition_config`` ({"layer_specs": [{"patterns": [...], "partition_type": ...}]})."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"--tp-spec {path}: no such file", flag="--tp-spec")
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(p.read_text())
+        else:
+            data = json.loads(p.read_text())
+    except Exception as exc:
+        raise ConfigError(f"--tp-spec {path}: cannot parse: {exc}", flag="--tp-spec") from exc
+    specs = data.get("layer_specs") if isinstance(data, dict) else None
+    if not isinstance(specs, list) or not specs:
+        raise ConfigError(
+            f"--tp-spec {path}: expected {{\"layer_specs\": [{{\"patterns\": [REGEX, ...], "
+            f"\"partition_type\": \"column\" | \"row\"}}, ...]}}",
+            flag="--tp-spec",
+        )
+    for spec in specs:
+        if spec.get("partition_type", "column") not in ("column", "row", "skip"):
+            raise ConfigError(
+                f"--tp-spec {path}: partition_type {spec.get('partition_type')!r}: use column or row",
+                flag="--tp-spec",
+            )
+        for pattern in spec.get("patterns") or []:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"--tp-spec {path}: bad pattern {pattern!r}: {exc}", flag="--tp-spec") from exc
+    return {"use_default_specs": False, **data}
+
+
+def _check_parallel(opts: Options, job: Any, *, workers: int, tp: int, pp: int, use_gpu: bool) -> None:
+    if workers % (tp * pp):
+        raise ConfigError(
+            f"--workers {workers} is not divisible by --tp {tp} x --pp {pp} = {tp * pp}; use a multiple of "
+            f"{tp * pp} workers (data-parallel size = workers / (tp x pp))",
+            flag="--workers",
+        )
+    if tp > 1 and pp > 1:
+        raise ConfigError(
+            "--tp and --pp together are not supported by DeepSpeed's AutoTP training; use one of them",
+            flag="--tp",
+        )
+    if pp > 1 and opts.zero in (2, 3):
+        raise ConfigError(
+            f"--zero {opts.zero} with --pp {pp}: DeepSpeed refuses ZeRO-2/3 with pipeline parallelism; "
+            "use --zero 1 (or 0) with --pp",
+            flag="--zero",
+        )
+    if pp > 1 and not job.uses_pipeline:
+        raise ConfigError(
+            f"--pp {pp}: job file {job.relative} gives raytrain no layers; build the model with "
+            "ctx.pipeline(layers, loss_fn) (see jobs/gpt_pipe.py)",
+            flag="--pp",
+        )
+    if opts.pp_partition is not None:
+        if pp == 1:
+            raise ConfigError("--pp-partition needs --pp 2 or more", flag="--pp-partition")
+        if opts.pp_partition not in PP_PARTITIONS and not str(opts.pp_partition).startswith("type:"):
+            raise ConfigError(
+                f"--pp-partition {opts.pp_partition}: use parameters, uniform or type:REGEX", flag="--pp-partition"
+            )
+    if opts.tp_spec and tp == 1:
+        raise ConfigError("--tp-spec needs --tp 2 or more", flag="--tp-spec")
+    chosen = [k for k in ("quantized_weights", "quantized_gradients") if getattr(opts, k) is True]
+    if opts.hpz_partition_size not in (None, 1):
+        chosen.append("hpz_partition_size")
+    if chosen and opts.zero != 3:
+        raise ConfigError(
+            f"{', '.join(chosen)} (ZeRO++) need --zero 3 (got --zero {opts.zero})", flag="--zero"
+        )
+    if chosen and not use_gpu:
+        raise ConfigError(
+            f"{', '.join(chosen)} (ZeRO++) run CUDA kernels: use GPU workers (--gpus-per-worker 1) or drop them",
+            flag="--gpus-per-worker",
+        )
+    if opts.hpz_partition_size is not None:
+        hpz = _check_int("hpz_partition_size", opts.hpz_partition_size, 1)
+        if workers % hpz:
+            raise ConfigError(
+                f"hpz_partition_size {hpz} must divide --workers {workers} (use the GPUs per node)",
+                flag="hpz_partition_size",
+            )
+    for key in ("prefetch_bucket_size", "max_live_parameters"):
+        value = getattr(opts, key)
+        if value is not None:
+            _check_int(key, value, 1)
+            if opts.zero != 3:
+                raise ConfigError(f"{key} is a ZeRO-3 setting; it needs --zero 3", flag=key)
+
+
+def _parallel_config(ds: dict[str, Any], opts: Options, *, tp: int, pp: int) -> None:
+    """Add tensor parallel, activation checkpointing and ZeRO-3/ZeRO++ knobs to the DeepSpeed dict."""
+    if tp > 1:
+        tp_cfg = dict(ds.get("tensor_parallel") or {})
+        tp_cfg["autotp_size"] = tp
+        if opts.tp_spec:
+            tp_cfg["partition_config"] = load_tp_spec(opts.tp_spec)
+        ds["tensor_parallel"] = tp_cfg
+    if opts.activation_checkpointing:
+        ds["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": opts.offload == "all",
+            "contiguous_memory_optimization": False,
+            **(ds.get("activation_checkpointing") or {}),
+        }
+    zero = ds["zero_optimization"]
+    for key, ds_key in (
+        ("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
+        ("max_live_parameters", "stage3_max_live_parameters"),
+        ("quantized_weights", "zero_quantized_weights"),
+        ("quantized_gradients", "zero_quantized_gradients"),
+        ("hpz_partition_size", "zero_hpz_partition_size"),
+    ):
+        value = getattr(opts, key)
+        if value is not None:
+            zero[ds_key] = value
+
+
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
     job = check_job_file(opts.job)
@@ -280,7 +411,9 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     keep = None if opts.keep is None else _check_int("keep", opts.keep, 1)
     max_failures = _check_int("max_failures", opts.max_failures or 0, -1)
 
-    tp, pp = 1, 1  # model parallel sizes; data-parallel size is what is left
+    tp = _check_int("tp", 1 if opts.tp is None else opts.tp, 1)
+    pp = _check_int("pp", 1 if opts.pp is None else opts.pp, 1)
+    _check_parallel(opts, job, workers=workers, tp=tp, pp=pp, use_gpu=use_gpu)
     dp = workers // (tp * pp)
     micro, accum, total = _batch_sizes(opts, dp)
     deepspeed = _deepspeed_dict(
@@ -293,6 +426,12 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         total=total,
         use_gpu=use_gpu,
     )
+    _parallel_config(deepspeed, opts, tp=tp, pp=pp)
+    if tp > 1:
+        # DeepSpeed's config check counts every rank as data parallel when AutoTP is set from the config
+        # (train_batch_size == micro x accum x world size). Leave train_batch_size out and let DeepSpeed
+        # derive it; raytrain's global batch (micro x accum x dp) is in Plan.train_batch.
+        deepspeed.pop("train_batch_size", None)
     resources = {"CPU": cpus}
     if use_gpu:
         resources["GPU"] = gpus
@@ -305,6 +444,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         deepspeed=deepspeed,
         scaling=Scaling(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
         parallel={"dp": dp, "tp": tp, "pp": pp},
+        train_batch=total,
         precision=opts.precision,
         zero=opts.zero,
         offload=opts.offload,
@@ -314,4 +454,6 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         keep=keep,
         max_failures=max_failures,
         resume=opts.resume,
+        activation_checkpointing=bool(opts.activation_checkpointing),
+        pp_partition=opts.pp_partition or "parameters",
     )

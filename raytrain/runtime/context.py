@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -53,7 +54,14 @@ class TrainContext:
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan["precision"], torch.float32)
         self.micro_batch: int = self.config["train_micro_batch_size_per_gpu"]
         self.grad_accum: int = self.config["gradient_accumulation_steps"]
-        self.train_batch: int = self.config["train_batch_size"]
+        self.train_batch: int = int(plan.get("train_batch") or self.config["train_batch_size"])
+        parallel = plan.get("parallel") or {"dp": world_size, "tp": 1, "pp": 1}
+        self.tp, self.pp, self.dp = int(parallel["tp"]), int(parallel["pp"]), int(parallel["dp"])
+        # Data-parallel rank: the ranks of one TP group (consecutive) or of one pipeline (strided) see
+        # the same data. Shard data by dp_rank/dp_size, not by rank/world_size.
+        self.dp_rank = rank // self.tp if self.tp > 1 else (rank % self.dp if self.pp > 1 else rank)
+        self.dp_size = self.dp
+        self.activation_checkpointing = bool(plan.get("activation_checkpointing"))
         self.checkpoint_every = int(checkpoint_every or 0)
         self.engine = None
         self.state: dict[str, Any] = {}
@@ -153,27 +161,76 @@ class TrainContext:
         """
         from raytrain.runtime.engine import build_engine
 
-        params = model_parameters if model_parameters is not None else [
-            p for p in model.parameters() if p.requires_grad
-        ]
         if optimizer is None and "optimizer" not in self.config:
             import torch
 
             fused = getattr(self.device, "type", "cpu") == "cuda"
-            optimizer = torch.optim.AdamW(params, lr=lr, fused=True) if fused else torch.optim.AdamW(params, lr=lr)
-        elif callable(optimizer) and not hasattr(optimizer, "step"):
-            optimizer = optimizer(params)
+
+            def optimizer(params):  # created by DeepSpeed from the final (e.g. tensor-split) parameters
+                params = [p for p in params if getattr(p, "requires_grad", True)]
+                return torch.optim.AdamW(params, lr=lr, fused=True) if fused else torch.optim.AdamW(params, lr=lr)
+
         self._predict_memory(model)
+        config = copy.deepcopy(self.config)
+        if self.tp > 1:
+            self._prepare_tp(model, config)
         self.engine = build_engine(
             model,
             optimizer=optimizer,
-            config=copy.deepcopy(self.config),
+            config=config,
             lr_scheduler=lr_scheduler,
-            model_parameters=params if optimizer is None else None,
+            model_parameters=model_parameters,
             **kwargs,
         )
         self._restore()
         return self.engine
+
+    def _prepare_tp(self, model: Any, config: dict[str, Any]) -> None:
+        """Choose the AutoTP partition spec (--tp-spec, the job's TP_SPEC, or derived from layer names) and
+        refuse a split the model cannot take, before DeepSpeed touches the weights."""
+        from raytrain.runtime.parallel import check_tp, default_spec
+
+        tp_cfg = config.setdefault("tensor_parallel", {})
+        spec = tp_cfg.get("partition_config")
+        if spec is None:
+            job_spec = getattr(sys.modules.get("raytrain_job"), "TP_SPEC", None)
+            spec = {"use_default_specs": False, **job_spec} if job_spec else default_spec()
+            tp_cfg["partition_config"] = spec
+        roles = check_tp(model, spec, self.tp)
+        self.log(f"raytrain: tensor parallel {self.tp}: splitting {len(roles)} Linear layers "
+                 f"({sum(r == 'column' for r in roles.values())} column, {sum(r == 'row' for r in roles.values())} row)")
+
+    def pipeline(
+        self,
+        layers: Any,
+        loss_fn: Any,
+        optimizer: Any = None,
+        *,
+        lr: float = 1e-3,
+        partition_method: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A DeepSpeed pipeline engine over ``layers`` split into ``--pp`` stages; train with
+        ``engine.train_batch(data_iter)`` (one call per optimizer step, ``ctx.grad_accum`` micro-batches
+        from ``data_iter``: (inputs, labels) pairs). Also works with --pp 1."""
+        from raytrain.runtime.parallel import build_pipeline
+
+        module = build_pipeline(
+            layers,
+            stages=self.pp,
+            loss_fn=loss_fn,
+            partition_method=partition_method or self.plan.get("pp_partition") or "parameters",
+            checkpoint_interval=1 if self.activation_checkpointing else 0,
+        )
+        return self.deepspeed(module, optimizer, lr=lr, **kwargs)
+
+    def checkpointed(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, recomputed in backward when --activation-checkpointing is on (saves activations)."""
+        if not self.activation_checkpointing:
+            return fn(*args)
+        import torch.utils.checkpoint
+
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
 
     def _restore(self) -> None:
         if not self._restore_from:

@@ -124,7 +124,9 @@ def main() -> int:
         use_gpu=scaling["use_gpu"],
         zero=plan["zero"],
         precision=plan["precision"],
-        train_batch=plan["deepspeed"]["train_batch_size"],
+        train_batch=plan["train_batch"],
+        tp=plan["parallel"]["tp"],
+        pp=plan["parallel"]["pp"],
         resume_from=resume_from,
     )
     trainer = TorchTrainer(

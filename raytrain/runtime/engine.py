@@ -20,13 +20,18 @@ def _skip_shm_comm_on_cpu(deepspeed: Any) -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def build_engine(model: Any, *, optimizer: Any, config: dict, lr_scheduler: Any, model_parameters: Any, **kwargs: Any):
+def ensure_distributed() -> None:
+    """DeepSpeed's comm layer over the process group Ray Train made (gloo on CPU, NCCL on GPU)."""
     import deepspeed
-    import torch.distributed as dist
 
     _skip_shm_comm_on_cpu(deepspeed)
-    if not dist.is_initialized():  # Ray Train sets up the process group; this covers plain use
-        deepspeed.init_distributed()
+    deepspeed.init_distributed()  # reuses an initialised torch.distributed group
+
+
+def build_engine(model: Any, *, optimizer: Any, config: dict, lr_scheduler: Any, model_parameters: Any, **kwargs: Any):
+    import deepspeed
+
+    ensure_distributed()
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,

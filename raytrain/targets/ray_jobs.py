@@ -102,19 +102,31 @@ class RayJobsTarget(Target):
     def nodes(self):
         return self.dashboard.nodes()
 
-    def submit(self, request: Request) -> JobHandle:
-        try:
-            job_id = self.client.submit_job(
-                entrypoint=request.entrypoint,
-                submission_id=request.submission_id,
-                runtime_env=request.runtime_env,
-                metadata=request.metadata,
-                entrypoint_num_cpus=request.entrypoint_num_cpus,
-            )
-        except RaytrainError:
-            raise
-        except Exception as exc:
-            raise ClusterError(f"submitting to {self.address} failed: {exc}") from exc
+    def submit(self, request: Request, *, agent_wait_s: float = 30.0) -> JobHandle:
+        import time
+
+        deadline = time.monotonic() + agent_wait_s
+        while True:
+            try:
+                job_id = self.client.submit_job(
+                    entrypoint=request.entrypoint,
+                    submission_id=request.submission_id,
+                    runtime_env=request.runtime_env,
+                    metadata=request.metadata,
+                    entrypoint_num_cpus=request.entrypoint_num_cpus,
+                )
+                break
+            except RaytrainError:
+                raise
+            except Exception as exc:
+                # A head that has just started answers 500 until its job agent registers: wait a little.
+                if "No available agent" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                if "already exists" in str(exc):  # a retried submit: the job is there, never start it twice
+                    job_id = request.submission_id
+                    break
+                raise ClusterError(f"submitting to {self.address} failed: {exc}") from exc
         return JobHandle(self.kind, self.address, job_id, request.metadata.get("name", ""))
 
     def _info(self, details, facts: JobFacts | None) -> JobInfo:
