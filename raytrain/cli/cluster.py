@@ -5,6 +5,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.common import handle_errors, print_json
 from raytrain.errors import ClusterError
 from raytrain.targets import local_cluster
@@ -12,17 +13,27 @@ from raytrain.targets import local_cluster
 
 @click.group()
 def cluster():
-    """The embedded single-node Ray cluster (dashboard on 127.0.0.1, token auth)."""
+    """The embedded single-node Ray cluster (dashboard on 127.0.0.1, token auth), or with --k8s a KubeRay
+    RayCluster on Kubernetes."""
 
 
 @cluster.command()
 @click.option("--num-cpus", type=float, help="CPUs the cluster offers (default: all).")
 @click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
-@click.option("--port", type=int, default=local_cluster.DEFAULT_PORT, show_default=True, help="GCS port.")
-@click.option("--dashboard-port", type=int, default=local_cluster.DEFAULT_DASHBOARD_PORT, show_default=True)
+@click.option("--port", type=int, help=f"GCS port (default {local_cluster.DEFAULT_PORT}).")
+@click.option("--dashboard-port", type=int, help=f"Default {local_cluster.DEFAULT_DASHBOARD_PORT}.")
+@k8s_cli.cluster_options
+@click.option("--dry-run", is_flag=True, help="k8s: print the RayCluster manifest (YAML); apply nothing.")
 @handle_errors
-def up(num_cpus, num_gpus, port, dashboard_port):
-    """Start the local cluster (no-op if it runs)."""
+def up(num_cpus, num_gpus, port, dashboard_port, dry_run, **k8s):
+    """Start the local cluster (no-op if it runs); --k8s: create or update the RayCluster (server-side apply)."""
+    if k8s_cli.wants_k8s(k8s):
+        k8s_cli.refuse_local_flags(num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port)
+        return k8s_cli.cluster_up(k8s, dry_run=dry_run)
+    if dry_run:
+        raise ClusterError("--dry-run: only with --k8s (a RayCluster manifest)")
+    args = k8s_cli.local_up_args(k8s, num_cpus, num_gpus, port, dashboard_port)
+    num_cpus, num_gpus, port, dashboard_port = args["num_cpus"], args["num_gpus"], args["port"], args["dashboard_port"]
     for flag, value in (("--num-cpus", num_cpus), ("--num-gpus", num_gpus)):
         if value is not None and value < 0:
             raise ClusterError(f"{flag} {value:g}: must be >= 0")
@@ -32,9 +43,12 @@ def up(num_cpus, num_gpus, port, dashboard_port):
 
 
 @cluster.command()
+@k8s_cli.cluster_options
 @handle_errors
-def down():
-    """Stop the local cluster and every job on it."""
+def down(**k8s):
+    """Stop the local cluster and every job on it; --k8s: delete the RayCluster."""
+    if k8s_cli.wants_k8s(k8s):
+        return k8s_cli.cluster_down(k8s)
     c = local_cluster.down()
     click.echo("local Ray cluster stopped" if c else "no local Ray cluster is running")
 
@@ -82,9 +96,12 @@ def cluster_report() -> dict:
 
 @cluster.command()
 @click.option("--json", "as_json", is_flag=True)
+@k8s_cli.cluster_options
 @handle_errors
-def status(as_json):
-    """Nodes, CPUs, GPUs, memory and running jobs of the local cluster."""
+def status(as_json, **k8s):
+    """Nodes, CPUs, GPUs, memory and running jobs of the local cluster; --k8s: the RayCluster's status."""
+    if k8s_cli.wants_k8s(k8s):
+        return k8s_cli.cluster_status(k8s, as_json)
     report = cluster_report()
     if as_json:
         print_json(report)

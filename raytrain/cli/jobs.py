@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.common import address_option, handle_errors, print_json
 from raytrain.cli.progress import describe_metrics
 from raytrain.targets import make_target
@@ -32,10 +33,11 @@ def jobs():
 @jobs.command("list")
 @address_option
 @click.option("--json", "as_json", is_flag=True)
+@k8s_cli.jobs_options
 @handle_errors
-def list_jobs(address, as_json):
-    """Every raytrain job on the cluster, newest first."""
-    target = make_target(address, auto_start=False)
+def list_jobs(address, as_json, **k8s):
+    """Every raytrain job on the cluster, newest first (--k8s: RayJobs)."""
+    target = k8s_cli.jobs_target(k8s) or make_target(address, auto_start=False)
     infos = target.list() if getattr(target, "cluster", True) is not None else []
     if as_json:
         print_json([i.to_dict() for i in infos])
@@ -56,10 +58,11 @@ def list_jobs(address, as_json):
 @click.argument("job_id")
 @address_option
 @click.option("--json", "as_json", is_flag=True)
+@k8s_cli.jobs_options
 @handle_errors
-def status(job_id, address, as_json):
+def status(job_id, address, as_json, **k8s):
     """State, last metrics and outcome of one job."""
-    info = make_target(address, auto_start=False).status(job_id)
+    info = (k8s_cli.jobs_target(k8s) or make_target(address, auto_start=False)).status(job_id)
     if as_json:
         print_json(info.to_dict())
         return
@@ -82,10 +85,11 @@ def status(job_id, address, as_json):
 @click.argument("job_id")
 @address_option
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@k8s_cli.jobs_options
 @handle_errors
-def logs(job_id, address, follow):
+def logs(job_id, address, follow, **k8s):
     """The job's log (driver and workers)."""
-    target = make_target(address, auto_start=False)
+    target = k8s_cli.jobs_target(k8s) or make_target(address, auto_start=False)
     if follow:
         try:
             target.follow(job_id, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
@@ -99,9 +103,12 @@ def logs(job_id, address, follow):
 @click.argument("job_id")
 @address_option
 @click.option("--wait/--no-wait", default=True, help="Wait until the job has stopped (default).")
+@k8s_cli.jobs_options
 @handle_errors
-def stop(job_id, address, wait):
-    """Stop a job and free its workers."""
+def stop(job_id, address, wait, **k8s):
+    """Stop a job and free its workers (--k8s: suspend or delete the RayJob)."""
+    if k8s_cli.enabled(k8s):
+        return k8s_cli.stop_job(k8s, job_id, wait)
     target = make_target(address, auto_start=False)
     target.stop(job_id)
     info = target.status(job_id, with_facts=False)

@@ -7,6 +7,7 @@ import click
 from rich.console import Console
 
 from raytrain import api
+from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.common import address_option, handle_errors, print_json
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
 from raytrain.config.options import OFFLOADS, PRECISIONS, Options, load_profile
@@ -109,6 +110,7 @@ def submit_options(fn):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the progress line, not the job's log.")
 @click.option("--stop-on-interrupt", is_flag=True, help="Ctrl-C stops the job (default: it keeps running).")
+@k8s_cli.submit_options
 @handle_errors
 def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, **flags):
     """Run JOB.py's train(ctx) on Ray workers with DeepSpeed.
@@ -116,8 +118,11 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
     Arguments after `--` are passed to the job as ctx.args.
     """
     options = options_from_flags(job, job_args, **flags)
-    target, request = api.dry_run(options)
+    k8s_target = k8s_cli.submit_target(flags)  # None unless --k8s
+    target, request = api.dry_run(options, k8s_target)
     plan = request.plan
+    if dry_run and k8s_target is not None:
+        return k8s_cli.print_dry_run(request, as_json)
     if dry_run:
         out = {
             **request.to_dict(),

@@ -1,0 +1,133 @@
+"""RayClusters from cluster profiles: render, apply (server-side), status, delete."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from raytrain.capacity import Node
+from raytrain.errors import ClusterError
+from raytrain.targets.cluster_profile import K8sProfile
+from raytrain.targets.k8s_client import KubeConnection, RayObjects
+from raytrain.targets.k8s_manifests import (
+    DASHBOARD_PORT,
+    STORAGE_ANNOTATION,
+    check_name,
+    nodes_from_spec,
+    render_raycluster,
+)
+
+
+@dataclass
+class ApplyResult:
+    manifest: dict[str, Any]
+    obj: dict[str, Any]
+    action: str  # created | updated | unchanged
+
+
+def head_service_name(cluster: str) -> str:
+    """The head Service KubeRay creates for a RayCluster."""
+    return f"{cluster}-head-svc"
+
+
+def dashboard_port(obj: dict[str, Any]) -> int:
+    """The head's dashboard port, from the RayCluster's rayStartParams or container ports (else 8265)."""
+    head = (obj.get("spec") or {}).get("headGroupSpec") or {}
+    port = (head.get("rayStartParams") or {}).get("dashboard-port")
+    if port:
+        return int(port)
+    containers = (((head.get("template") or {}).get("spec") or {}).get("containers")) or [{}]
+    for p in containers[0].get("ports") or []:
+        if p.get("name") == "dashboard" and p.get("containerPort"):
+            return int(p["containerPort"])
+    return DASHBOARD_PORT
+
+
+class RayClusters:
+    """RayClusters in one namespace."""
+
+    def __init__(self, conn: KubeConnection, namespace: str):
+        self.conn = conn
+        self.namespace = namespace
+
+    @property
+    def objects(self) -> RayObjects:
+        return RayObjects(self.conn.kube, "rayclusters", self.namespace)
+
+    def render(self, profile: K8sProfile, name: str) -> dict[str, Any]:
+        return render_raycluster(profile, name, self.namespace)
+
+    def apply(self, manifest: dict[str, Any]) -> ApplyResult:
+        """Create or update (server-side apply); applying the same manifest twice changes nothing."""
+        before = self.objects.get(manifest["metadata"]["name"])
+        obj = self.objects.apply(manifest)
+        if before is None:
+            action = "created"
+        elif before["metadata"].get("resourceVersion") == obj["metadata"].get("resourceVersion"):
+            action = "unchanged"
+        else:
+            action = "updated"
+        return ApplyResult(manifest, obj, action)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        check_name("RayCluster", name, flag="--name")
+        return self.objects.get(name)
+
+    def require(self, name: str, flag: str = "--cluster") -> dict[str, Any]:
+        check_name("RayCluster", name, flag=flag)
+        obj = self.objects.get(name)
+        if obj is None:
+            raise ClusterError(
+                f"no RayCluster {name!r} in namespace {self.namespace}; "
+                f"create it with `raytrain cluster up --k8s --name {name} --namespace {self.namespace}`"
+            )
+        return obj
+
+    def delete(self, name: str) -> bool:
+        check_name("RayCluster", name, flag="--name")
+        return self.objects.delete(name)
+
+    def nodes(self, name: str) -> list[Node]:
+        return nodes_from_spec(self.require(name).get("spec") or {})
+
+    def report(self, name: str) -> dict[str, Any]:
+        """What `cluster status --k8s` prints."""
+        obj = self.get(name)
+        if obj is None:
+            return {"exists": False, "name": name, "namespace": self.namespace}
+        return describe(obj)
+
+
+def describe(obj: dict[str, Any]) -> dict[str, Any]:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    nodes = nodes_from_spec(spec)
+    groups = []
+    for g in spec.get("workerGroupSpecs") or []:
+        containers = (((g.get("template") or {}).get("spec") or {}).get("containers")) or [{}]
+        groups.append(
+            {
+                "name": g.get("groupName"),
+                "replicas": g.get("replicas"),
+                "min_replicas": g.get("minReplicas"),
+                "max_replicas": g.get("maxReplicas"),
+                "limits": (containers[0].get("resources") or {}).get("limits") or {},
+            }
+        )
+    return {
+        "exists": True,
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "created": meta.get("creationTimestamp"),
+        "state": status.get("state") or "pending",
+        "reason": status.get("reason") or "",
+        "desired_workers": status.get("desiredWorkerReplicas"),
+        "available_workers": status.get("availableWorkerReplicas"),
+        "head_service": head_service_name(meta.get("name", "")),
+        "dashboard_port": dashboard_port(obj),
+        "storage": (meta.get("annotations") or {}).get(STORAGE_ANNOTATION),
+        "ray_version": spec.get("rayVersion"),
+        "worker_groups": groups,
+        "totals": {
+            "cpus": sum(n.resources.get("CPU", 0) for n in nodes),
+            "gpus": sum(n.resources.get("GPU", 0) for n in nodes),
+        },
+    }

@@ -1,0 +1,291 @@
+"""KubeRay manifests (RayCluster, RayJob) rendered from a cluster profile and a plan. Pure: no client, no I/O.
+
+What is rendered here is exactly what ``--dry-run`` prints and what ``submit``/``cluster up`` apply.
+"""
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import time
+from typing import Any
+
+from raytrain.capacity import Node
+from raytrain.errors import ConfigError
+from raytrain.targets.cluster_profile import K8sProfile, PodGroup
+
+GROUP = "ray.io"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+NAME_LABEL = "raytrain.io/name"
+STORAGE_ANNOTATION = "raytrain.io/storage"
+FIELD_MANAGER = "raytrain"
+
+# KubeRay's own limits: a RayCluster's service names get suffixes ("-serve-svc"), a RayJob's cluster 6 more.
+MAX_NAME = {"RayCluster": 53, "RayJob": 47}
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+DASHBOARD_PORT = 8265
+HEAD_PORTS = [
+    {"containerPort": 6379, "name": "gcs-server"},
+    {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+    {"containerPort": 10001, "name": "client"},
+]
+SHM_VOLUME = "dshm"
+STORAGE_VOLUME = "raytrain-storage"
+
+
+def check_name(kind: str, name: Any, *, flag: str, what: str | None = None) -> str:
+    """A valid KubeRay object name (DNS-1035 label, KubeRay's length limit), else a one-line ConfigError."""
+    limit = MAX_NAME[kind]
+    label = what or f"{flag} {name!r}"
+    if not isinstance(name, str) or not _DNS1035.match(name) or len(name) > limit:
+        raise ConfigError(
+            f"{label}: invalid {kind} name; use 1-{limit} lowercase letters, digits or '-', "
+            "starting with a letter and ending with a letter or digit",
+            flag=flag,
+        )
+    return name
+
+
+def check_namespace(namespace: Any, *, flag: str = "--namespace", what: str | None = None) -> str:
+    label = what or f"{flag} {namespace!r}"
+    if not isinstance(namespace, str) or not _DNS1123.match(namespace) or len(namespace) > 63:
+        raise ConfigError(
+            f"{label}: invalid namespace; use 1-63 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit",
+            flag=flag,
+        )
+    return namespace
+
+
+def rayjob_name(job_name: str) -> str:
+    """A fresh RayJob name for one submission: ``<job>-<yymmdd-hhmmss>-<hex4>`` (a valid, short DNS label).
+
+    Chosen once, client-side, by the dry run; the submit applies exactly that name, so a retried
+    submission finds its RayJob instead of starting the job twice.
+    """
+    slug = re.sub(r"[^a-z0-9-]+", "-", job_name.lower()).strip("-")
+    slug = re.sub(r"-{2,}", "-", slug)
+    if not slug or not slug[0].isalpha():
+        slug = f"job-{slug}".rstrip("-")
+    suffix = f"{time.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    slug = slug[: MAX_NAME["RayJob"] - len(suffix) - 1].rstrip("-")
+    return f"{slug}-{suffix}"
+
+
+# -- quantities ---------------------------------------------------------------------------------------
+_SUFFIX = {
+    "m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes quantity ("500m", "16Gi", 4) as a number."""
+    match = re.match(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$", str(value).strip())
+    if not match or match.group(2) not in _SUFFIX:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    return float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+# -- RayCluster -----------------------------------------------------------------------------------------
+def _labels(profile: K8sProfile, **extra: str) -> dict[str, str]:
+    return {**profile.labels, MANAGED_BY: "raytrain", **extra}
+
+
+def _container_resources(group: PodGroup) -> dict[str, Any]:
+    amounts = {"cpu": str(group.cpu), "memory": str(group.memory)}
+    if group.gpu:
+        amounts["nvidia.com/gpu"] = str(group.gpu)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _pod_template(profile: K8sProfile, group: PodGroup, container_name: str, *, head: bool) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": container_name, "image": profile.image}
+    if profile.image_pull_policy:
+        container["imagePullPolicy"] = profile.image_pull_policy
+    if head:
+        container["ports"] = [dict(p) for p in HEAD_PORTS]
+    container["resources"] = _container_resources(group)
+    if profile.env:
+        container["env"] = [{"name": k, "value": v} for k, v in profile.env.items()]
+    mounts, volumes = [], []
+    if group.shm:
+        # NCCL and PyTorch data loaders need more shared memory than a container's default 64 MiB.
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(group.shm)}})
+    if profile.storage.pvc:
+        mounts.append({"name": STORAGE_VOLUME, "mountPath": profile.storage.mount_path})
+        volumes.append({"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": profile.storage.pvc}})
+    if mounts:
+        container["volumeMounts"] = mounts
+    spec: dict[str, Any] = {}
+    if profile.service_account:
+        spec["serviceAccountName"] = profile.service_account
+    if group.node_selector:
+        spec["nodeSelector"] = dict(group.node_selector)
+    if group.tolerations:
+        spec["tolerations"] = [dict(t) for t in group.tolerations]
+    spec["containers"] = [container]
+    if volumes:
+        spec["volumes"] = volumes
+    return {"spec": spec}
+
+
+def render_raycluster_spec(profile: K8sProfile, *, worker_replicas: int | None = None) -> dict[str, Any]:
+    """The RayCluster spec: CPU head (no Ray work scheduled on it), one worker group, head Service ClusterIP."""
+    w = profile.workers
+    replicas = w.replicas if worker_replicas is None else worker_replicas
+    head_params = {"dashboard-host": "0.0.0.0", "num-cpus": "0", **profile.head.ray_start_params}
+    sized = worker_replicas is not None  # a RayJob's own cluster: exactly the pods the job needs
+    worker_group: dict[str, Any] = {
+        "groupName": w.group_name,
+        "replicas": replicas,
+        "minReplicas": replicas if sized or w.min_replicas is None else w.min_replicas,
+        "maxReplicas": replicas if sized or w.max_replicas is None else max(replicas, w.max_replicas),
+        "rayStartParams": dict(w.ray_start_params),
+        "template": _pod_template(profile, w, "ray-worker", head=False),
+    }
+    return {
+        "rayVersion": profile.ray_version,
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            # The dashboard (Jobs API) stays inside the cluster: reach it with a port-forward.
+            "serviceType": "ClusterIP",
+            "rayStartParams": head_params,
+            "template": _pod_template(profile, profile.head, "ray-head", head=True),
+        },
+        "workerGroupSpecs": [worker_group],
+    }
+
+
+def render_raycluster(profile: K8sProfile, name: str, namespace: str) -> dict[str, Any]:
+    check_name("RayCluster", name, flag="--name")
+    check_namespace(namespace)
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": _labels(profile)}
+    if profile.storage.path:
+        metadata["annotations"] = {STORAGE_ANNOTATION: profile.storage.path}
+    return {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": render_raycluster_spec(profile)}
+
+
+# -- capacity as Ray will see it ------------------------------------------------------------------------
+def _container_ray_resources(template: dict, params: dict) -> dict[str, float]:
+    containers = ((template or {}).get("spec") or {}).get("containers") or [{}]
+    res = containers[0].get("resources") or {}
+    amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+    out: dict[str, float] = {}
+    cpu = params.get("num-cpus", amounts.get("cpu"))
+    gpu = params.get("num-gpus", amounts.get("nvidia.com/gpu"))
+    try:
+        out["CPU"] = float(math.floor(parse_quantity(cpu))) if cpu is not None else 0.0
+        out["GPU"] = parse_quantity(gpu) if gpu is not None else 0.0
+    except ValueError:
+        pass
+    return out
+
+
+def nodes_from_spec(spec: dict[str, Any]) -> list[Node]:
+    """The Ray nodes a RayCluster spec yields at full size (KubeRay sets num-cpus/num-gpus from the pods)."""
+    head = spec.get("headGroupSpec") or {}
+    nodes = [Node("head", "head", _container_ray_resources(head.get("template"), head.get("rayStartParams") or {}))]
+    for group in spec.get("workerGroupSpecs") or []:
+        count = max(int(group.get("replicas") or 0), int(group.get("maxReplicas") or 0))
+        res = _container_ray_resources(group.get("template"), group.get("rayStartParams") or {})
+        nodes += [Node(f"{group.get('groupName')}-{i}", group.get("groupName", ""), dict(res)) for i in range(count)]
+    return nodes
+
+
+def worker_pods_needed(profile: K8sProfile, num_workers: int, per_worker: dict[str, float]) -> int:
+    """How many worker pods of the profile hold ``num_workers`` Ray Train workers. ConfigError if none fits."""
+    pod = _container_ray_resources(
+        _pod_template(profile, profile.workers, "ray-worker", head=False), profile.workers.ray_start_params
+    )
+    fit = math.inf
+    for key, need in per_worker.items():
+        if need > 0:
+            fit = min(fit, math.floor(pod.get(key, 0.0) / need + 1e-9))
+    if fit == 0:
+        each = " + ".join(f"{v:g} {k}" for k, v in per_worker.items() if v > 0)
+        has = f"{pod.get('CPU', 0):g} CPU, {pod.get('GPU', 0):g} GPU"
+        hint = (
+            "use --gpus-per-worker 0 (CPU workers) or a profile whose workers have `gpu:`"
+            if per_worker.get("GPU", 0) > 0 and not pod.get("GPU")
+            else "lower --cpus-per-worker/--gpus-per-worker or give the profile's workers more"
+        )
+        raise ConfigError(
+            f"one worker needs {each}, but a worker pod of the profile has {has}: {hint}", flag="--profile"
+        )
+    per_pod = 1 if fit is math.inf else int(fit)
+    return max(1, math.ceil(num_workers / per_pod))
+
+
+# -- RayJob ----------------------------------------------------------------------------------------------
+def render_rayjob(
+    *,
+    name: str,
+    namespace: str,
+    entrypoint: str,
+    runtime_env: dict[str, Any],
+    metadata: dict[str, str],
+    profile: K8sProfile,
+    cluster: str | None,
+    worker_replicas: int,
+) -> dict[str, Any]:
+    """A RayJob that runs ``entrypoint`` on the named RayCluster (clusterSelector) or on its own cluster."""
+    import yaml
+
+    check_name("RayJob", name, flag="--submission-id")
+    check_namespace(namespace)
+    spec: dict[str, Any] = {
+        "entrypoint": entrypoint,
+        "jobId": name,  # the Ray submission id: the operator's submit is idempotent too
+        "metadata": {k: str(v) for k, v in metadata.items()},
+        "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True, default_flow_style=False),
+        "submissionMode": "K8sJobMode",
+    }
+    if profile.rayjob.active_deadline_seconds:
+        spec["activeDeadlineSeconds"] = profile.rayjob.active_deadline_seconds
+    if cluster:
+        check_name("RayCluster", cluster, flag="--cluster")
+        # An existing cluster is not ours to shut down (and KubeRay forbids a TTL without shutdown).
+        spec["clusterSelector"] = {"ray.io/cluster": cluster}
+        spec["shutdownAfterJobFinishes"] = False
+    else:
+        spec["shutdownAfterJobFinishes"] = bool(profile.rayjob.shutdown_after_job_finishes)
+        if spec["shutdownAfterJobFinishes"]:
+            spec["ttlSecondsAfterFinished"] = profile.rayjob.ttl_seconds_after_finished
+        spec["rayClusterSpec"] = render_raycluster_spec(profile, worker_replicas=worker_replicas)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayJob",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": _labels(profile, **{NAME_LABEL: _label_value(metadata.get("name", ""))}),
+        },
+        "spec": spec,
+    }
+
+
+def _label_value(text: str) -> str:
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
+    return value
+
+
+def to_yaml(documents: list[dict[str, Any]]) -> str:
+    """Manifests as `kubectl apply -f -` reads them (one document each, in order)."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper, data):  # multi-line strings (runtimeEnvYAML) as literal blocks
+        style = "|" if "\n" in data else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    _Dumper.add_representer(str, _str)
+    return "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, default_flow_style=False) for d in documents)

@@ -1,0 +1,379 @@
+"""RayJob target: a plan becomes a KubeRay RayJob custom resource, and the RayJob's status its job state.
+
+``dry_run(plan)`` renders the RayJob (pure apart from reading the kubeconfig or, with ``--cluster``, the
+RayCluster); ``submit(request)`` applies exactly that manifest, server-side, under a name chosen once per
+submission, so a retried submit finds its RayJob instead of starting the job twice.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import raytrain
+from raytrain.capacity import Node
+from raytrain.config.plan import Plan
+from raytrain.errors import ClusterError, ConfigError
+from raytrain.events import JobFacts
+from raytrain.jobs.state import JobInfo, JobState
+from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, JobHandle, Request, Target
+from raytrain.targets.cluster_profile import K8sProfile
+from raytrain.targets.k8s_client import KubeConnection, NotFound, RayObjects
+from raytrain.targets.k8s_manifests import (
+    MANAGED_BY,
+    STORAGE_ANNOTATION,
+    check_name,
+    nodes_from_spec,
+    rayjob_name,
+    render_raycluster_spec,
+    render_rayjob,
+    worker_pods_needed,
+)
+
+ENTRYPOINT_MODULE = "raytrain.runtime.driver"
+SUBMITTER_CONTAINER = "ray-job-submitter"  # the container of KubeRay's submitter Job (K8sJobMode)
+DEFAULT_POLL_S = 2.0  # $RAYTRAIN_K8S_POLL_S overrides: how often `follow` reads the RayJob
+
+
+@dataclass
+class K8sRequest(Request):
+    """A Request plus what Kubernetes gets: the namespace and the exact manifests (or a port-forward)."""
+
+    namespace: str = ""
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    port_forward: dict[str, Any] | None = None
+
+
+def rayjob_state(status: dict[str, Any] | None) -> JobState:
+    """KubeRay's two status fields -> one JobState. Ray's job status wins once it is terminal."""
+    status = status or {}
+    deployment = status.get("jobDeploymentStatus") or ""
+    job = str(status.get("jobStatus") or "").upper()
+    if deployment in ("Suspending", "Suspended"):
+        return JobState.STOPPED
+    if deployment == "ValidationFailed":
+        return JobState.FAILED
+    if job in ("SUCCEEDED", "FAILED", "STOPPED"):
+        return JobState(job.lower())
+    if deployment == "Failed":
+        return JobState.FAILED
+    if deployment == "Complete":
+        return JobState.SUCCEEDED
+    if deployment == "Retrying":
+        return JobState.RESTARTING
+    if job == "RUNNING":
+        return JobState.RUNNING
+    return JobState.PENDING
+
+
+def describe_status(status: dict[str, Any] | None) -> str:
+    status = status or {}
+    parts = [f"deployment {status.get('jobDeploymentStatus') or 'New'}"]
+    if status.get("jobStatus"):
+        parts.append(f"job {status['jobStatus']}")
+    if status.get("rayClusterName"):
+        parts.append(f"cluster {status['rayClusterName']}")
+    text = ", ".join(parts)
+    if status.get("message"):
+        text += f": {status['message']}"
+    return text
+
+
+def _timestamp(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _contains(actual: Any, wanted: Any) -> bool:
+    """Everything in ``wanted`` is in ``actual`` (the server may add defaults, never change ours)."""
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(_contains(actual.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return isinstance(actual, list) and len(actual) == len(wanted) and all(map(_contains, actual, wanted))
+    return actual == wanted
+
+
+def job_metadata(plan: Plan) -> dict[str, str]:
+    return {
+        "raytrain": raytrain.__version__,
+        "name": plan.name,
+        "job": plan.job_module,
+        "workers": str(plan.scaling.num_workers),
+        "zero": str(plan.zero),
+        "precision": plan.precision,
+    }
+
+
+class RayJobTarget(Target):
+    """``submit --k8s --rayjob``: the job's code is already on the cluster (image or remote URI)."""
+
+    kind = "kuberay"
+
+    def __init__(
+        self,
+        conn: KubeConnection,
+        *,
+        profile: K8sProfile,
+        namespace: str | None = None,
+        ray_cluster: str | None = None,
+        working_dir: str | None = None,
+        submission_id: str | None = None,
+        python: str = "python",
+        poll_s: float | None = None,
+    ):
+        self.conn = conn
+        self.profile = profile
+        self._namespace_flag = namespace
+        self.ray_cluster = ray_cluster  # clusterSelector mode when set; else the RayJob brings its own cluster
+        self.working_dir = working_dir
+        self.submission_id = submission_id
+        self.python = python
+        self.poll_s = float(os.environ.get("RAYTRAIN_K8S_POLL_S", DEFAULT_POLL_S)) if poll_s is None else poll_s
+        self._namespace: str | None = None
+        self._cluster_obj: dict | None = None
+        self._worker_replicas: int | None = None
+        if ray_cluster is not None:
+            check_name("RayCluster", ray_cluster, flag="--cluster")
+        if submission_id is not None:
+            check_name("RayJob", submission_id, flag="--submission-id")
+
+    # -- where ------------------------------------------------------------------------------------------
+    @property
+    def namespace(self) -> str:
+        if self._namespace is None:
+            self._namespace = self.conn.namespace(self._namespace_flag, self.profile.namespace)
+        return self._namespace
+
+    @property
+    def address(self) -> str:
+        return f"k8s namespace {self.namespace}"
+
+    @property
+    def rayjobs(self) -> RayObjects:
+        return RayObjects(self.conn.kube, "rayjobs", self.namespace)
+
+    def _existing_cluster(self) -> dict:
+        if self._cluster_obj is None:
+            from raytrain.targets.k8s_cluster import RayClusters
+
+            self._cluster_obj = RayClusters(self.conn, self.namespace).require(self.ray_cluster)
+        return self._cluster_obj
+
+    def nodes(self) -> list[Node]:
+        """Ray's view of the cluster the job will run on, from its spec (at full size)."""
+        if self.ray_cluster:
+            return nodes_from_spec(self._existing_cluster().get("spec") or {})
+        return nodes_from_spec(render_raycluster_spec(self.profile, worker_replicas=self._worker_replicas))
+
+    # -- building the request (no side effects) ---------------------------------------------------------
+    def _working_dir(self) -> str:
+        wd = self.working_dir or self.profile.rayjob.working_dir
+        if not wd:
+            raise ConfigError(
+                "--rayjob runs code that is already on the cluster: give --working-dir with a remote URI "
+                "(s3://..., gs://..., https://.../code.zip) or a folder baked into the image (/app); "
+                "or drop --rayjob to upload the job's folder through a port-forward to a running RayCluster",
+                flag="--working-dir",
+            )
+        if "://" not in wd and not wd.startswith("/"):
+            raise ConfigError(
+                f"--working-dir {wd}: the cluster cannot see this machine's folders; use a remote URI "
+                "(s3://, gs://, https://...zip) or an absolute path inside the image",
+                flag="--working-dir",
+            )
+        return wd
+
+    def default_storage(self) -> str | None:
+        if self.ray_cluster:
+            try:
+                annotations = self._existing_cluster().get("metadata", {}).get("annotations") or {}
+            except ClusterError:
+                annotations = {}
+            if annotations.get(STORAGE_ANNOTATION):
+                return annotations[STORAGE_ANNOTATION]
+        return self.profile.storage.path
+
+    def runtime_env(self, plan: Plan, run_name: str, working_dir: str) -> dict[str, Any]:
+        extra = dict(self.profile.rayjob.runtime_env or {})
+        env_vars = {
+            **RUNTIME_ENV_VARS,
+            **(extra.pop("env_vars", None) or {}),
+            **plan.env,
+            "RAYTRAIN_PLAN": plan.to_json(),
+            "RAYTRAIN_RUN_NAME": run_name,
+        }
+        runtime_env: dict[str, Any] = {**extra, "working_dir": working_dir, "env_vars": env_vars}
+        if "://" not in working_dir:  # a folder in the image: the submitter zips it, honouring excludes
+            runtime_env["excludes"] = list(SECRET_EXCLUDES)
+        return runtime_env
+
+    def dry_run(self, plan: Plan) -> K8sRequest:
+        working_dir = self._working_dir()
+        if plan.storage is None and self.default_storage():
+            plan.storage = self.default_storage()
+        name = self.submission_id or rayjob_name(plan.name)
+        if not self.ray_cluster:
+            self._worker_replicas = worker_pods_needed(
+                self.profile, plan.scaling.num_workers, plan.scaling.resources_per_worker
+            )
+        entrypoint = f"{self.python} -m {ENTRYPOINT_MODULE}"
+        runtime_env = self.runtime_env(plan, name, working_dir)
+        metadata = job_metadata(plan)
+        manifest = render_rayjob(
+            name=name,
+            namespace=self.namespace,
+            entrypoint=entrypoint,
+            runtime_env=runtime_env,
+            metadata=metadata,
+            profile=self.profile,
+            cluster=self.ray_cluster,
+            worker_replicas=self._worker_replicas or 0,
+        )
+        return K8sRequest(
+            target=self.kind,
+            address=self.address,
+            submission_id=name,
+            run_name=name,
+            entrypoint=entrypoint,
+            runtime_env=runtime_env,
+            metadata=metadata,
+            plan=plan,
+            namespace=self.namespace,
+            manifests=[manifest],
+        )
+
+    # -- talking to the API server ----------------------------------------------------------------------
+    def submit(self, request: Request) -> JobHandle:
+        if not isinstance(request, K8sRequest) or not request.manifests:
+            raise ConfigError("a RayJob submit needs the request from this target's dry_run")
+        manifest = request.manifests[0]
+        name = manifest["metadata"]["name"]
+        rayjobs = RayObjects(self.conn.kube, "rayjobs", request.namespace)
+        existing = rayjobs.get(name)
+        if existing is not None:
+            if _contains(existing.get("spec"), manifest["spec"]):
+                # The same submission again (a retry): it already runs, never start it twice.
+                return JobHandle(self.kind, request.address, name, request.metadata.get("name", ""))
+            raise ClusterError(
+                f"RayJob {name!r} already exists in namespace {request.namespace} with a different spec; "
+                "pick another --submission-id (or leave it out for a fresh one)"
+            )
+        if self.ray_cluster:
+            self._existing_cluster()  # one clear line if the RayCluster is gone
+        rayjobs.apply(manifest, force=False)
+        return JobHandle(self.kind, request.address, name, request.metadata.get("name", ""))
+
+    def _get(self, job_id: str) -> dict:
+        obj = self.rayjobs.get(job_id)
+        if obj is None:
+            raise ClusterError(
+                f"no RayJob {job_id!r} in namespace {self.namespace} (see `raytrain jobs list --k8s`)"
+            )
+        return obj
+
+    def _info(self, obj: dict, facts: JobFacts | None) -> JobInfo:
+        meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+        state = rayjob_state(status)
+        if state is JobState.RUNNING and facts is not None and facts.restarting:
+            state = JobState.RESTARTING
+        message = status.get("message") or ""
+        reason = status.get("reason") or ""
+        if reason and reason not in message:
+            message = f"{reason}: {message}" if message else reason
+        return JobInfo(
+            job_id=meta.get("name", ""),
+            name=(spec.get("metadata") or {}).get("name", ""),
+            state=state,
+            target=self.kind,
+            address=self.address,
+            entrypoint=spec.get("entrypoint", ""),
+            message=message,
+            start_time=_timestamp(status.get("startTime")) or _timestamp(meta.get("creationTimestamp")),
+            end_time=_timestamp(status.get("endTime")),
+            metadata={
+                **dict(spec.get("metadata") or {}),
+                "deployment": status.get("jobDeploymentStatus") or "",
+                "cluster": status.get("rayClusterName") or (spec.get("clusterSelector") or {}).get("ray.io/cluster", ""),
+            },
+            facts=facts,
+        )
+
+    def _submitter_log(self, name: str) -> str:
+        """The log of KubeRay's submitter pod (it follows the Ray job's log); "" where there is none."""
+        kube = self.conn.kube
+        try:
+            pods = kube.call(
+                f"list the submitter pods of RayJob {name}", kube.core.list_namespaced_pod, self.namespace,
+                label_selector=f"job-name={name}",
+            )
+            items = sorted(
+                pods.get("items") or [], key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""
+            )
+            if not items:
+                return ""
+            pod = items[-1]["metadata"]["name"]
+            resp = kube.call(
+                f"read the log of pod {pod}", kube.core.read_namespaced_pod_log, pod, self.namespace,
+                container=SUBMITTER_CONTAINER, raw=True,
+            )
+        except (NotFound, ClusterError):
+            return ""  # no core API (or no permission to read pods): status still works
+        return resp if isinstance(resp, str) else ""
+
+    def status(self, job_id: str, *, with_facts: bool = True) -> JobInfo:
+        obj = self._get(job_id)
+        facts = JobFacts.from_lines(self._submitter_log(job_id).splitlines()) if with_facts else None
+        return self._info(obj, facts)
+
+    def logs(self, job_id: str) -> str:
+        self._get(job_id)
+        text = self._submitter_log(job_id)
+        if not text:
+            return (
+                f"raytrain: no log for RayJob {job_id} yet: KubeRay's submitter pod (label job-name={job_id}) "
+                "has not written one, or pods cannot be read here\n"
+            )
+        return text
+
+    def follow(self, job_id: str, on_text: Callable[[str], None]) -> None:
+        """Status changes (one line each) and the submitter's log, until the RayJob ends."""
+        last, seen = None, 0
+        while True:
+            obj = self._get(job_id)
+            status = obj.get("status") or {}
+            line = describe_status(status)
+            if line != last:
+                on_text(f"raytrain: RayJob {job_id}: {line}\n")
+                last = line
+            text = self._submitter_log(job_id)
+            if len(text) < seen:
+                seen = 0  # a new submitter pod (retry)
+            if len(text) > seen:
+                on_text(text[seen:])
+                seen = len(text)
+            if rayjob_state(status).terminal:
+                return
+            time.sleep(self.poll_s)
+
+    def stop(self, job_id: str) -> bool:
+        """Suspend a RayJob that owns its cluster (KubeRay stops the job and frees the pods); delete one
+        on a shared RayCluster (KubeRay's finalizer stops the Ray job). False if it had already ended."""
+        obj = self._get(job_id)
+        if rayjob_state(obj.get("status")).terminal:
+            return False
+        spec = obj.get("spec") or {}
+        if spec.get("clusterSelector") or not spec.get("shutdownAfterJobFinishes"):
+            return self.rayjobs.delete(job_id)
+        self.rayjobs.merge_patch(job_id, {"spec": {"suspend": True}})
+        return True
+
+    def list(self) -> list[JobInfo]:
+        items = self.rayjobs.list(label_selector=f"{MANAGED_BY}=raytrain")
+        infos = [self._info(obj, None) for obj in items]
+        return sorted(infos, key=lambda i: i.start_time or 0, reverse=True)

@@ -1,0 +1,113 @@
+"""`submit --k8s --cluster NAME`: the port-forward request, built from the RayCluster the API server holds.
+
+No pod can be reached here, so the tunnel itself is tested in tests/unit/test_k8s_portforward.py (over a
+local socket) and the Jobs-API half in tests/e2e/test_k8s_portforward.py (against the real local Ray cluster).
+"""
+import json
+
+import pytest
+import yaml
+
+from raytrain.config import Options, resolve
+from raytrain.errors import ClusterError
+from raytrain.targets.k8s_client import KubeConnection
+from raytrain.targets.k8s_portforward import KubePortForward, RayClusterJobsTarget, build_port_forward
+from tests.conftest import JOBS, ROOT
+
+EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
+CNN = JOBS / "cnn.py"
+
+
+@pytest.fixture
+def head_on_8266(tmp_path):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["head"]["ray-start-params"] = {"dashboard-port": "8266"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_port_forward_request_from_the_raycluster(cli, namespace, rayclusters, head_on_8266):
+    assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "plain").exit_code == 0
+    assert cli("cluster", "up", "--profile", head_on_8266, "-n", namespace, "--name", "custom").exit_code == 0
+
+    plain = build_port_forward(rayclusters.get("plain"))
+    assert plain.to_dict() == {
+        "namespace": namespace, "cluster": "plain", "service": "plain-head-svc", "remote_port": 8265,
+        "pod_selector": "ray.io/cluster=plain,ray.io/node-type=head", "local_port": 0,
+    }
+    assert plain.in_cluster_address == f"http://plain-head-svc.{namespace}.svc:8265"
+    assert plain.kubectl() == f"kubectl port-forward -n {namespace} svc/plain-head-svc :8265"
+    assert build_port_forward(rayclusters.get("custom"), local_port=18265).remote_port == 8266
+
+
+def test_dry_run_shows_the_port_forward_and_the_jobs_api_request(cli, namespace, head_on_8266, raytrain_home):
+    assert cli("cluster", "up", "--profile", head_on_8266, "-n", namespace, "--name", "pf").exit_code == 0
+    r = cli("submit", CNN, "--k8s", "--cluster", "pf", "-n", namespace, "--workers", "2", "--gpus-per-worker", "1",
+            "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("# Nothing is applied to the cluster")
+    doc = yaml.safe_load(r.output)
+    assert doc["portForward"]["service"] == "pf-head-svc" and doc["portForward"]["remote_port"] == 8266
+    sub = doc["jobSubmission"]
+    assert sub["address"] == f"http://pf-head-svc.{namespace}.svc:8266"
+    assert sub["entrypoint"] == "python -m raytrain.runtime.driver"
+    assert sub["runtime_env"]["working_dir"] == str(JOBS)  # the local folder is uploaded
+    assert sub["runtime_env"]["py_modules"][0].endswith("raytrain")  # and raytrain itself
+    assert ".kube" in sub["runtime_env"]["excludes"] and "*.kubeconfig" in sub["runtime_env"]["excludes"]
+    plan = json.loads(sub["runtime_env"]["env_vars"]["RAYTRAIN_PLAN"])
+    assert plan["storage"] == "/mnt/checkpoints" and plan["scaling"]["use_gpu"] is True
+
+    out = json.loads(cli("submit", CNN, "--k8s", "--cluster", "pf", "-n", namespace, "--dry-run", "--json").output)
+    assert out["target"] == "kuberay-cluster" and out["port_forward"]["remote_port"] == 8266
+    assert out["plan"]["scaling"]["use_gpu"] is True  # GPUs by default: the RayCluster's workers have them
+
+
+def test_a_missing_raycluster_is_refused(cli, namespace):
+    r = cli("submit", CNN, "--k8s", "--cluster", "absent", "-n", namespace, "--dry-run")
+    assert r.exit_code == 2 and f"no RayCluster 'absent' in namespace {namespace}" in r.output
+    r = cli("submit", CNN, "--k8s", "--cluster", "absent", "-n", namespace, "--no-wait")
+    assert r.exit_code == 2 and "no RayCluster 'absent'" in r.output
+
+
+def test_capacity_is_checked_against_the_raycluster_before_any_connection(cli, namespace):
+    assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "small").exit_code == 0
+    r = cli("submit", CNN, "--k8s", "--cluster", "small", "-n", namespace, "--workers", "17", "--no-wait")
+    assert r.exit_code == 2 and "room for 16 worker(s)" in r.output, r.output
+
+
+def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kubeconfig, kube, namespace, cli):
+    assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "tun").exit_code == 0
+    opened = []
+
+    class Stub:
+        def __init__(self, request):
+            opened.append(request)
+
+        def open(self):
+            return "http://127.0.0.1:18999"
+
+        def close(self):
+            pass
+
+    target = RayClusterJobsTarget(KubeConnection(kubeconfig), ray_cluster="tun", namespace=namespace, forwarder=Stub)
+    request = target.dry_run(resolve(Options(job=str(CNN), workers=2), cluster_has_gpus=True))
+    assert request.address == f"http://tun-head-svc.{namespace}.svc:8265" and not opened  # dry run: no tunnel
+    assert target.open() == "http://127.0.0.1:18999"
+    assert target.open() == "http://127.0.0.1:18999" and len(opened) == 1  # opened once
+    assert opened[0].service == "tun-head-svc" and opened[0].remote_port == 8265
+
+
+def test_no_pods_api_is_one_line(kube, namespace, cli):
+    """The loopback server serves no Pods: the real forwarder says so in one line (a real cluster lists them)."""
+    assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "nopods").exit_code == 0
+    from raytrain.targets.k8s_client import RayObjects
+
+    request = build_port_forward(RayObjects(kube, "rayclusters", namespace).get("nopods"))
+    try:
+        KubePortForward(kube, request).head_pod()
+    except ClusterError as exc:
+        assert "\n" not in str(exc)
+        assert "no running head pod" in str(exc) or "serves no Pods" in str(exc)
+    else:  # a real cluster without KubeRay's operator has no head pod either
+        pytest.fail("expected a ClusterError")
