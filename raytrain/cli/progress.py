@@ -43,7 +43,7 @@ def describe_metrics(m: dict) -> str:
     if isinstance(m.get("step_time_s"), (int, float)):
         parts.append(f"{m['step_time_s'] * 1000:.0f} ms/step")
     for key, value in m.items():
-        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "elapsed_s") or key.endswith("_gb"):
+        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "elapsed_s", "wall_time") or key.endswith("_gb"):
             continue
         if isinstance(value, float):
             parts.append(f"{key} {value:.4g}")

@@ -266,6 +266,7 @@ class TrainContext:
             clean.setdefault("step_time_s", round(dt / steps_done, 4))
         self._last_time, self._last_step = now, int(step)
         clean.setdefault("elapsed_s", round(now - self._started, 3))
+        clean.setdefault("wall_time", round(time.time(), 3))
         if self.monitor is not None:
             for key, value in self.monitor.metrics().items():
                 clean.setdefault(key, value)

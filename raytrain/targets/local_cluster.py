@@ -132,6 +132,14 @@ def up(
         f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
     ]
+    if (port, dashboard_port) != (6379, 8265):
+        # Ray's fixed defaults (client server 10001, agent 52365) would collide with another cluster on
+        # this machine (a developer's own, or a test suite's): derive them from the dashboard port.
+        offset = dashboard_port - 8265
+        cmd += [
+            f"--ray-client-server-port={20001 + offset % 10000}",
+            f"--dashboard-agent-listen-port={52365 + offset % 10000}",
+        ]
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus:g}")
     if num_gpus is not None:

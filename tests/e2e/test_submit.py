@@ -1,5 +1,6 @@
 """`raytrain submit` end to end: real local Ray cluster, real DeepSpeed engines on 2 CPU workers (gloo)."""
 import json
+import os
 import re
 import time
 
@@ -25,6 +26,7 @@ def assert_loss_falls(losses, steps):
 
 def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     cli = e2e_env
+    cli("cluster", "down", check=True, timeout=120)  # whatever ran before: submit must start it
     assert "no local Ray cluster" in cli("cluster", "status").stdout
     proc = cli("submit", JOBS / "cnn.py", "--workers", "2", "--zero", "1", "--precision", "bf16",
                "--grad-accum", "2", "--micro-batch", "16", "--", "--steps", "12")
@@ -37,7 +39,7 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
 
     # the cluster it started stays up, with its resources and token auth, for the next command
     status = cli.json("cluster", "status")
-    assert status["running"] and status["totals"]["cpus"] == 2
+    assert status["running"] and status["totals"]["cpus"] == os.cpu_count()
     assert status["dashboard"].startswith("http://127.0.0.1:")
 
     listed = cli.json("jobs", "list")
@@ -73,11 +75,12 @@ def test_submit_gpt_zero3_bf16_grad_accum(cli):
 
 
 def test_more_workers_than_the_cluster_has_fails_fast(cli):
+    cpus = int(cli.json("cluster", "status")["totals"]["cpus"])
     start = time.monotonic()
-    proc = cli("submit", JOBS / "cnn.py", "--workers", "8")
+    proc = cli("submit", JOBS / "cnn.py", "--workers", str(4 * cpus))
     assert proc.returncode == 2
-    assert "--workers 8 x (1 CPU) needs 8 CPU; the cluster has 2 CPU and 0 GPU" in proc.stderr
-    assert "use --workers 2 or fewer" in proc.stderr
+    assert f"--workers {4 * cpus} x (1 CPU) needs {4 * cpus} CPU; the cluster has {cpus} CPU and 0 GPU" in proc.stderr
+    assert f"use --workers {cpus} or fewer" in proc.stderr
     assert time.monotonic() - start < 30
 
 
@@ -117,6 +120,24 @@ def test_jobs_stop_frees_the_workers_for_the_next_job(cli):
                timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert cli.json("jobs", "status", job)["state"] == "stopped"
+
+
+def test_secrets_in_the_job_folder_are_never_shipped(cli, tmp_path):
+    (tmp_path / ".env").write_text("API_KEY=secret\n")
+    (tmp_path / "deploy.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    (tmp_path / "helper.py").write_text("VALUE = 41\n")
+    (tmp_path / "job.py").write_text(
+        "import os\n"
+        "from helper import VALUE\n"
+        "def train(ctx):\n"
+        "    here = os.path.dirname(os.path.abspath(__file__))\n"
+        "    shipped = sorted(os.listdir(here))\n"
+        "    assert '.env' not in shipped and 'deploy.pem' not in shipped, shipped\n"
+        "    ctx.report({'loss': float(VALUE + 1), 'step': 1})\n"
+    )
+    proc = cli("submit", tmp_path / "job.py", "--workers", "1", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["last_metrics"]["loss"] == 42.0  # sibling module shipped and imported
 
 
 def test_gpus_on_a_cpu_cluster(cli):
