@@ -33,7 +33,39 @@ def _cluster_has_gpus(target: Target) -> bool:
 def plan(options: Options, target: Target | None = None) -> tuple[Target, Plan]:
     target = target or make_target(options.address)
     has_gpus = _cluster_has_gpus(target) if options.gpus_per_worker is None else False
-    return target, resolve(options, cluster_has_gpus=has_gpus)
+    the_plan = resolve(options, cluster_has_gpus=has_gpus)
+    check_tensor_split(the_plan)
+    return target, the_plan
+
+
+def _defines_model(path: str) -> bool:
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    return any(isinstance(n, ast.FunctionDef) and n.name == "model" for n in tree.body)
+
+
+def check_tensor_split(the_plan: Plan) -> None:
+    """With --tp > 1 and a job that defines ``model(args)``, check the split on the meta device before
+    submitting (no memory, no download): a model AutoTP cannot split, or a --tp that does not divide a
+    layer, is refused naming the layers. Jobs without ``model(args)`` are checked on the workers."""
+    tp = the_plan.parallel["tp"]
+    if tp <= 1 or not _defines_model(the_plan.job_file):
+        return
+    from raytrain.errors import ConfigError
+    from raytrain.planner.meta import build_on_meta, load_model_function
+    from raytrain.runtime.parallel import PartitionError, check_tp, default_spec
+
+    fn = load_model_function(the_plan.job_file)
+    module = build_on_meta(fn, the_plan.job_args)
+    spec = the_plan.deepspeed.get("tensor_parallel", {}).get("partition_config")
+    if spec is None:
+        job_spec = fn.__globals__.get("TP_SPEC")
+        spec = {"use_default_specs": False, **job_spec} if job_spec else default_spec()
+    try:
+        check_tp(module, spec, tp)
+    except PartitionError as exc:
+        raise ConfigError(str(exc), flag="--tp") from exc
 
 
 def dry_run(options: Options, target: Target | None = None) -> tuple[Target, Request]:

@@ -98,6 +98,16 @@ def main() -> int:
         emit(events.CAPACITY, message=problem)
         return EXIT_CANNOT_RUN
 
+    storage = plan.get("storage")
+    if storage:
+        from raytrain.storage import is_uri, probe_visibility, storage_problem
+
+        if not is_uri(storage):
+            problem = storage_problem(storage, probe_visibility(storage, f".raytrain-storage-check-{run_name}"))
+            if problem:
+                emit(events.INVALID, message=problem)
+                return EXIT_CANNOT_RUN
+
     resume_from = None
     if plan.get("resume"):
         from raytrain.checkpoints import resolve_resume

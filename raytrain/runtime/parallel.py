@@ -63,9 +63,8 @@ def check_tp(model: Any, spec: dict[str, Any], tp: int) -> dict[str, str]:
             which = "output" if kind == "column" else "input"
             bad.append(f"{name} ({kind}, {which} size {dim})")
     if bad:
-        raise PartitionError(
-            f"--tp {tp} does not divide these layers: {', '.join(bad)}; use a --tp that divides them"
-        )
+        listed = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        raise PartitionError(f"--tp {tp} does not divide these layers: {listed}; use a --tp that divides them")
     return roles
 
 

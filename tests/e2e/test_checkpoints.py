@@ -110,3 +110,37 @@ def test_export_gives_the_engines_outputs_and_skips_an_interrupted_checkpoint(cl
     probe = torch.load(probe_path)
     with torch.no_grad():
         torch.testing.assert_close(model(probe["input"]), probe["output"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stop_flag, state", [((), "running"), (("--stop-on-interrupt",), "stopped")])
+def test_ctrl_c_while_following_does_what_the_flags_say(cli, stop_flag, state):
+    import re
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raytrain.cli.main", "submit", str(JOBS / "cnn.py"), "--workers", "1", "-q",
+         *stop_flag, "--", "--steps", "1000", "--step-sleep", "0.5"],
+        env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+    )
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if line.startswith("step 2"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out = "".join(seen) + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    job = re.search(r"raytrain-cnn-\d{8}-\d{6}-[0-9a-f]{6}", out).group(0)
+    if state == "running":
+        assert f"{job} keeps running" in out and f"raytrain jobs stop {job}" in out
+        assert cli.json("jobs", "status", job)["state"] == "running"
+        cli("jobs", "stop", job, check=True)
+    else:
+        assert f"stopped {job}" in out
+        deadline = time.monotonic() + 60
+        while cli.json("jobs", "status", job)["state"] != "stopped" and time.monotonic() < deadline:
+            time.sleep(1)
+        assert cli.json("jobs", "status", job)["state"] == "stopped"

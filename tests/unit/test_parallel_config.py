@@ -136,3 +136,16 @@ def test_a_model_with_no_known_layer_names_is_refused_naming_them():
 def test_tp_that_does_not_divide_a_layer_is_refused():
     with pytest.raises(PartitionError, match=r"--tp 3 does not divide these layers: blocks.0.attn.q_proj \(column, output size 64\)"):
         check_tp(load_job("gpt_tp").model([]), default_spec(), 3)
+
+
+def test_cli_checks_the_split_on_the_meta_device_before_submitting(raytrain_home):
+    from click.testing import CliRunner
+
+    from raytrain.cli.main import main
+
+    r = CliRunner().invoke(main, ["submit", TP_JOB, "--workers", "3", "--tp", "3", "--dry-run"])
+    assert r.exit_code == 2
+    assert "--tp 3 does not divide these layers: blocks.0.attn.q_proj (column, output size 64)" in r.output
+    assert "and 8 more" in r.output
+    ok = CliRunner().invoke(main, ["submit", TP_JOB, "--workers", "2", "--tp", "2", "--dry-run", "--json"])
+    assert ok.exit_code == 0, ok.output
