@@ -30,6 +30,7 @@ def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
     given = Options(
         job=job,
         job_args=list(job_args),
+        script=flags.get("script"),
         address=flags.get("address"),
         workers=flags.get("workers"),
         gpus_per_worker=flags.get("gpus_per_worker"),
@@ -95,6 +96,11 @@ def submit_options(fn):
                 "--activation-checkpointing/--no-activation-checkpointing", default=None,
                 help="Recompute activations in backward (ctx.checkpointed / pipeline layers).",
             ),
+            click.option(
+                "--script/--no-script", default=None,
+                help="Run JOB.py unchanged as __main__ on every worker, as the deepspeed launcher or torchrun "
+                "would (script mode). Default: detected (no train(ctx), a __main__ block or module-level code).",
+            ),
         ]
     ):
         fn = decorator(fn)
@@ -113,14 +119,21 @@ def submit_options(fn):
 @k8s_cli.submit_options
 @handle_errors
 def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, **flags):
-    """Run JOB.py's train(ctx) on Ray workers with DeepSpeed.
+    """Run JOB.py's train(ctx) on Ray workers with DeepSpeed, or (script mode) a deepspeed/torchrun script.
 
-    Arguments after `--` are passed to the job as ctx.args.
+    Arguments after `--` are passed to the job as ctx.args, or to the script as its command line.
     """
     options = options_from_flags(job, job_args, **flags)
     k8s_target = k8s_cli.submit_target(flags)  # None unless --k8s
     target, request = api.dry_run(options, k8s_target)
     plan = request.plan
+    if plan.mode == "script":
+        from raytrain.config.jobfile import check_job_file
+
+        reason = check_job_file(plan.job_file, script=options.script).mode_reason
+        click.echo(
+            f"raytrain: script mode ({reason}): running {plan.job_module} as __main__ on every worker", err=True
+        )
     if dry_run and k8s_target is not None:
         return k8s_cli.print_dry_run(request, as_json)
     if dry_run:
@@ -141,6 +154,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
                 "data_parallel": plan.parallel["dp"],
                 "global_batch": plan.train_batch,
             },
+            "mode": plan.mode,
             "plan": plan.to_dict(),
         }
         if as_json:
@@ -148,6 +162,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
         else:
             click.echo(f"target      {request.target} ({request.address})")
             click.echo(f"job         {plan.job_file} {' '.join(plan.job_args)}")
+            click.echo(f"mode        {plan.mode}")
             click.echo(f"entrypoint  {request.entrypoint}")
             click.echo(
                 f"scaling     {plan.scaling.num_workers} worker(s) x {plan.scaling.resources_per_worker}"

@@ -15,10 +15,45 @@ class JobFile:
     relative: str  # the file's path inside ``directory``, as workers import it
     uses_pipeline: bool = False  # calls ctx.pipeline(...): it hands raytrain its layers
     declares_tp_spec: bool = False  # defines a module-level TP_SPEC
+    mode: str = "train"  # "train": raytrain calls train(ctx); "script": run as __main__ (script mode)
+    mode_reason: str = ""  # why this mode was chosen, for the CLI's one line
 
 
-def check_job_file(path: str | None) -> JobFile:
-    """The job file, if it exists, parses and defines ``train(ctx)`` at module level."""
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either operand order)."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    test = node.test
+    if len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+        isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+    )
+
+
+def _module_level_code(tree: ast.Module) -> int | None:
+    """The line of the first module-level statement that runs code on import (a call such as ``main()`` or
+    ``dist.init_process_group(...)``, or a loop/with block), or None. Imports, definitions and
+    assignments do not count: a job file may have those."""
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, (ast.Call, ast.Await)):
+            return node.lineno
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            return node.lineno
+    return None
+
+
+def check_job_file(path: str | None, script: bool | None = None) -> JobFile:
+    """The job file, if it exists, parses and either defines ``train(ctx)`` at module level (train mode) or
+    is a script (script mode: run as ``__main__`` like the deepspeed launcher or torchrun would).
+
+    ``script``: True (``--script``) forces script mode, False (``--no-script``) train mode, None detects:
+    a file with a module-level ``train`` that takes an argument is a job, unless it also looks like a
+    script (an ``if __name__ == "__main__":`` block or code run at module level) and train's first
+    parameter is not named ``ctx`` (a DeepSpeedExamples-style ``def train(args, engine)`` + main block);
+    a file without such a train that looks like a script is a script; anything else is an error.
+    """
     if not path:
         raise ConfigError("no job file given: raytrain submit JOB.py [options]", flag="JOB")
     p = Path(path).expanduser()
@@ -41,18 +76,37 @@ def check_job_file(path: str | None) -> JobFile:
         ),
         None,
     )
-    if train is None:
+    main_guard = any(_is_main_guard(node) for node in tree.body)
+    code_line = _module_level_code(tree)
+    takes_ctx = False
+    first_param = None
+    if train is not None:
+        args = train.args
+        params = [*args.posonlyargs, *args.args]
+        takes_ctx = bool(params) or args.vararg is not None
+        first_param = params[0].arg if params else None
+    if script is True:
+        mode, reason = "script", "--script"
+    elif script is not False and (main_guard or code_line) and not (takes_ctx and first_param == "ctx"):
+        mode = "script"
+        what = 'an `if __name__ == "__main__":` block' if main_guard else f"code at module level (line {code_line})"
+        if train is None:
+            reason = f"detected: no train(ctx) at module level, and {what}"
+        else:
+            reason = f"detected: {what}, and its train() does not take ctx as first parameter"
+    elif train is None:
         raise ConfigError(
             f"job file {path}: defines no train(ctx) function at module level; "
-            "raytrain calls train(ctx) on every worker",
+            "raytrain calls train(ctx) on every worker (to run a deepspeed/torchrun script unchanged, "
+            "give --script)",
             flag="JOB",
         )
-    args = train.args
-    positional = len(args.posonlyargs) + len(args.args)
-    if positional < 1 and args.vararg is None:
+    elif not takes_ctx:
         raise ConfigError(
             f"job file {path}: train() takes no argument; define it as train(ctx)", flag="JOB"
         )
+    else:
+        mode, reason = "train", "train(ctx)"
     uses_pipeline = any(
         isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pipeline"
         for node in ast.walk(tree)
@@ -64,5 +118,5 @@ def check_job_file(path: str | None) -> JobFile:
     resolved = p.resolve()
     return JobFile(
         path=resolved, directory=resolved.parent, relative=resolved.name,
-        uses_pipeline=uses_pipeline, declares_tp_spec=declares_tp_spec,
+        uses_pipeline=uses_pipeline, declares_tp_spec=declares_tp_spec, mode=mode, mode_reason=reason,
     )

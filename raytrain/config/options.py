@@ -25,6 +25,7 @@ class Options:
 
     job: str | None = None
     job_args: list[str] = field(default_factory=list)
+    script: bool | None = None  # True: run the job file as a script (__main__); None: detect
     address: str | None = None
     workers: int | None = None
     gpus_per_worker: float | None = None  # None: 1 if the cluster has GPUs, else 0

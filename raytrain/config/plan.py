@@ -41,6 +41,7 @@ class Plan:
     resume: str | None = None
     activation_checkpointing: bool = False
     pp_partition: str = "parameters"
+    mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

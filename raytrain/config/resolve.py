@@ -6,6 +6,7 @@ ConfigError whose message names the flag, the value and what would work.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from raytrain.config.jobfile import check_job_file
 from raytrain.config.options import DEFAULTS, OFFLOADS, PRECISIONS, ZERO_STAGES, Options
 from raytrain.config.plan import Plan, Scaling
+from raytrain.config.script_args import find_config_arg
 from raytrain.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -34,18 +36,18 @@ FP16_DEFAULTS = {
 }
 
 
-def load_ds_config(path: str | None) -> dict[str, Any]:
+def load_ds_config(path: str | None, flag: str = "--ds-config") -> dict[str, Any]:
     if not path:
         return {}
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(f"--ds-config {path}: no such file", flag="--ds-config")
+        raise ConfigError(f"{flag} {path}: no such file", flag=flag)
     try:
         data = json.loads(p.read_text())
     except ValueError as exc:
-        raise ConfigError(f"--ds-config {path}: not valid JSON: {exc}", flag="--ds-config") from exc
+        raise ConfigError(f"{flag} {path}: not valid JSON: {exc}", flag=flag) from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"--ds-config {path}: expected a JSON object", flag="--ds-config")
+        raise ConfigError(f"{flag} {path}: expected a JSON object", flag=flag)
     return data
 
 
@@ -106,8 +108,11 @@ FLAG_OF = {
 }
 
 
-def _merge_ds_under_flags(opts: Options, ds: dict[str, Any], ds_path: str | None) -> Options:
-    """Fill unset options from the ds-config; a set option that disagrees with it is an error."""
+def _merge_ds_under_flags(
+    opts: Options, ds: dict[str, Any], ds_path: str | None, source: str | None = None
+) -> Options:
+    """Fill unset options from the ds-config; a set option that disagrees with it is an error.
+    ``source`` names where the config came from (default ``--ds-config PATH``)."""
     values = {}
     for name, (ds_value, ds_key) in _ds_view(ds).items():
         mine = getattr(opts, name)
@@ -115,7 +120,7 @@ def _merge_ds_under_flags(opts: Options, ds: dict[str, Any], ds_path: str | None
             values[name] = ds_value
         elif mine != ds_value:
             raise ConfigError(
-                f"{FLAG_OF[name]} {mine} contradicts --ds-config {ds_path} ({ds_key} = {ds_value}); "
+                f"{FLAG_OF[name]} {mine} contradicts {source or f'--ds-config {ds_path}'} ({ds_key} = {ds_value}); "
                 f"drop one of them or make them agree",
                 flag=FLAG_OF[name],
             )
@@ -351,11 +356,51 @@ def _parallel_config(ds: dict[str, Any], opts: Options, *, tp: int, pp: int) -> 
             zero[ds_key] = value
 
 
+def _script_mode(opts: Options, job: Any) -> tuple[Options, str | None, str]:
+    """Script mode's checks. A DeepSpeed config the user passes in SCRIPT_ARGS (``--deepspeed_config
+    PATH``) is read here like ``--ds-config``: raytrain's flags are merged into it (a contradiction is an
+    error) and the workers pass the merged copy in its place. Returns (options, source label, ds flag)."""
+    for name, flag in (("checkpoint_every", "--checkpoint-every"), ("keep", "--keep"), ("resume", "--resume")):
+        if getattr(opts, name):
+            raise ConfigError(
+                f"{flag}: raytrain checkpoints through train(ctx)'s engine; a script (script mode) saves and "
+                f"loads its own checkpoints: drop {flag}",
+                flag=flag,
+            )
+    if opts.pp not in (None, 1):
+        raise ConfigError(
+            f"--pp {opts.pp}: raytrain's pipeline stages need a train(ctx) job (ctx.pipeline); a script builds "
+            "its own deepspeed.pipe.PipelineModule: drop --pp",
+            flag="--pp",
+        )
+    arg = find_config_arg(opts.job_args or [])
+    if arg is None:
+        return opts, None, "--ds-config"
+    candidates = [Path(arg.path).expanduser()]
+    if not candidates[0].is_absolute():
+        candidates.append(job.directory / arg.path)
+    found = next((c for c in candidates if c.is_file()), None)
+    label = f"{arg.flag} {arg.path} (a script argument)"
+    if found is None:
+        raise ConfigError(
+            f"{label}: no such file (looked in the current directory and in {job.directory})", flag=arg.flag
+        )
+    if opts.ds_config and Path(opts.ds_config).expanduser().resolve() != found.resolve():
+        raise ConfigError(
+            f"--ds-config {opts.ds_config} and {label} both give a DeepSpeed config; give one of them",
+            flag="--ds-config",
+        )
+    return dataclasses.replace(opts, ds_config=str(found.resolve())), label, arg.flag
+
+
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
-    job = check_job_file(opts.job)
-    ds = load_ds_config(opts.ds_config)
-    opts = _merge_ds_under_flags(opts, ds, opts.ds_config)
+    job = check_job_file(opts.job, script=opts.script)
+    source, ds_flag = None, "--ds-config"
+    if job.mode == "script":
+        opts, source, ds_flag = _script_mode(opts, job)
+    ds = load_ds_config(opts.ds_config, flag=ds_flag)
+    opts = _merge_ds_under_flags(opts, ds, opts.ds_config, source)
     # Batch defaults are applied in _batch_sizes, which must see what the user left open to derive it.
     defaults = {k: v for k, v in DEFAULTS.items() if k not in ("micro_batch", "grad_accum")}
     opts = opts.merged_over(Options(**defaults, gpus_per_worker=1.0 if cluster_has_gpus else 0.0))
@@ -456,4 +501,5 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         resume=opts.resume,
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or "parameters",
+        mode=job.mode,
     )

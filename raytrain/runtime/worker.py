@@ -1,4 +1,5 @@
-"""What every Ray Train worker runs: import the job file, build ``ctx``, call ``train(ctx)``."""
+"""What every Ray Train worker runs: import the job file, build ``ctx``, call ``train(ctx)`` (or, in script
+mode, run the file as ``__main__``: raytrain.runtime.script)."""
 from __future__ import annotations
 
 import importlib.util
@@ -37,6 +38,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if plan.get("mode", "train") == "script":  # an unmodified deepspeed/torchrun script, run as __main__
+        from raytrain.runtime.script import run_on_worker
+
+        return run_on_worker(plan)
     from raytrain.runtime.context import make_context
 
     module = load_job(plan["job_module"])
