@@ -58,6 +58,15 @@ def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
     return given.merged_over(profile)
 
 
+def _target_flags(target) -> str:
+    """The flags that point `raytrain jobs ...` at the same cluster as this submit."""
+    if target.kind == "address":
+        return f" --address {target.address}"
+    if target.kind.startswith("kuberay"):
+        return " --k8s"
+    return ""
+
+
 def submit_options(fn):
     """The options shared by `submit` (and later `plan`)."""
     for decorator in reversed(
@@ -179,7 +188,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
             print_json({"id": handle.job_id, "name": handle.name, "address": handle.address})
         else:
             console.print(f"submitted {handle.job_id}")
-            console.print(f"  follow: raytrain jobs logs {handle.job_id} --follow")
+            console.print(f"  follow: raytrain jobs logs {handle.job_id}{_target_flags(target)} --follow")
         return
     console.print(f"raytrain: submitted {handle.job_id} to {handle.address}", highlight=False)
     printer = ProgressPrinter(console, show_logs=not quiet)
@@ -191,10 +200,11 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
             target.stop(handle.job_id)
             console.print(f"\nraytrain: stopped {handle.job_id}")
         else:
+            where = _target_flags(target)
             console.print(
                 f"\nraytrain: {handle.job_id} keeps running.\n"
-                f"  follow: raytrain jobs logs {handle.job_id} --follow\n"
-                f"  stop:   raytrain jobs stop {handle.job_id}"
+                f"  follow: raytrain jobs logs {handle.job_id}{where} --follow\n"
+                f"  stop:   raytrain jobs stop {handle.job_id}{where}"
             )
         sys.exit(130)
     last = info.facts.last_metrics if info.facts else None
