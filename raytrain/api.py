@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from raytrain.capacity import capacity_problem
+from raytrain.capacity import capacity_problem, tensor_group_problem
 from raytrain.config import Options, Plan, resolve
 from raytrain.errors import ClusterError, JobFailed
 from raytrain.events import CAPACITY, INVALID, JobFacts
@@ -76,8 +76,10 @@ def dry_run(options: Options, target: Target | None = None) -> tuple[Target, Req
 
 def check_capacity(target: Target, the_plan: Plan) -> None:
     """Refuse, before submitting, a request the cluster can never hold."""
-    problem = capacity_problem(
-        the_plan.scaling.num_workers, the_plan.scaling.resources_per_worker, target.nodes()
+    nodes = target.nodes()
+    problem = capacity_problem(the_plan.scaling.num_workers, the_plan.scaling.resources_per_worker, nodes)
+    problem = problem or tensor_group_problem(
+        the_plan.parallel["tp"], the_plan.scaling.resources_per_worker, nodes
     )
     if problem:
         raise ClusterError(problem)

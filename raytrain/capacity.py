@@ -50,3 +50,18 @@ def capacity_problem(num_workers: int, per_worker: dict[str, float], nodes: list
         f"--workers {num_workers} x ({each}) needs {need}; the cluster has {cpus:g} CPU and {gpus:g} GPU "
         f"on {len(alive)} node(s), room for {slots} worker(s): {hint}"
     )
+
+
+def tensor_group_problem(tp: int, per_worker: dict[str, float], nodes: list[Node]) -> str | None:
+    """A tensor-parallel group must fit inside one node (its all-reduces run every layer): None if it does."""
+    gpus = per_worker.get("GPU", 0.0)
+    if tp <= 1 or gpus <= 0:
+        return None
+    largest = max((n.resources.get("GPU", 0.0) for n in nodes if n.alive), default=0.0)
+    need = tp * gpus
+    if need <= largest + 1e-9:
+        return None
+    return (
+        f"--tp {tp} x --gpus-per-worker {gpus:g} needs {need:g} GPUs in one node (a tensor-parallel group stays "
+        f"inside a node); the largest node has {largest:g}: use --tp {max(1, int(largest // gpus))} or less"
+    )

@@ -10,7 +10,7 @@ from raytrain import api
 from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.common import address_option, handle_errors, print_json
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
-from raytrain.config.options import OFFLOADS, PRECISIONS, Options, load_profile
+from raytrain.config.options import OFFLOADS, PLACEMENTS, PRECISIONS, Options, load_profile
 from raytrain.errors import ConfigError
 
 
@@ -49,6 +49,7 @@ def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
         max_failures=flags.get("max_failures"),
         resume=flags.get("resume"),
         tp=flags.get("tp"),
+        placement=flags.get("placement"),
         pp=flags.get("pp"),
         pp_partition=flags.get("pp_partition"),
         tp_spec=flags.get("tp_spec"),
@@ -97,6 +98,10 @@ def submit_options(fn):
                 help="Restart the workers from the latest checkpoint up to N times (-1: always).",
             ),
             click.option("--resume", metavar="RUN", help="Continue a run (job id/run name) or a checkpoint path."),
+            click.option(
+                "--placement", type=click.Choice(list(PLACEMENTS)),
+                help="How workers are placed on nodes (Ray placement group). Default pack.",
+            ),
             click.option("--tp", type=int, help="Tensor-parallel size (DeepSpeed AutoTP). Default 1."),
             click.option("--pp", type=int, help="Pipeline stages (the job calls ctx.pipeline). Default 1."),
             click.option("--pp-partition", help="How layers are split over stages: parameters, uniform, type:REGEX."),

@@ -17,6 +17,7 @@ from raytrain.errors import ConfigError
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "optimizer", "all")
 PRECISIONS = ("fp32", "bf16", "fp16")
+PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Options:
     keep: int | None = None  # latest checkpoints kept; None = all
     max_failures: int | None = None  # worker-group restarts from the latest checkpoint; -1 = unlimited
     resume: str | None = None  # a run name, run directory or checkpoint directory
+    placement: str | None = None  # pack | spread | strict-spread (Ray placement group strategy)
     tp: int | None = None  # tensor-parallel size (DeepSpeed AutoTP)
     pp: int | None = None  # pipeline stages (DeepSpeed PipelineModule)
     pp_partition: str | None = None  # "parameters" | "uniform" | "type:REGEX"

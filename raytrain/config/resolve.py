@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.config.jobfile import check_job_file
-from raytrain.config.options import DEFAULTS, OFFLOADS, PRECISIONS, ZERO_STAGES, Options
+from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options
 from raytrain.config.plan import Plan, Scaling
 from raytrain.config.script_args import find_config_arg
 from raytrain.errors import ConfigError
@@ -393,6 +393,14 @@ def _script_mode(opts: Options, job: Any) -> tuple[Options, str | None, str]:
     return dataclasses.replace(opts, ds_config=str(found.resolve())), label, arg.flag
 
 
+def _placement(value: str | None) -> str:
+    if value is None:
+        return "PACK"
+    if value not in PLACEMENTS:
+        raise ConfigError(f"--placement {value}: use one of {', '.join(PLACEMENTS)}", flag="--placement")
+    return PLACEMENTS[value]
+
+
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
     job = check_job_file(opts.job, script=opts.script)
@@ -487,7 +495,10 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         job_module=job.relative,
         job_args=list(opts.job_args or []),
         deepspeed=deepspeed,
-        scaling=Scaling(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
+        scaling=Scaling(
+            num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources,
+            placement_strategy=_placement(opts.placement),
+        ),
         parallel={"dp": dp, "tp": tp, "pp": pp},
         train_batch=total,
         precision=opts.precision,

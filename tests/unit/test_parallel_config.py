@@ -149,3 +149,13 @@ def test_cli_checks_the_split_on_the_meta_device_before_submitting(raytrain_home
     assert "and 8 more" in r.output
     ok = CliRunner().invoke(main, ["submit", TP_JOB, "--workers", "2", "--tp", "2", "--dry-run", "--json"])
     assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.parametrize("value, strategy", [(None, "PACK"), ("spread", "SPREAD"), ("strict-spread", "STRICT_SPREAD")])
+def test_placement(value, strategy):
+    assert plan(job=GPT, placement=value).scaling.placement_strategy == strategy
+
+
+def test_unknown_placement_from_a_profile():
+    with pytest.raises(ConfigError, match="--placement diagonal: use one of pack, spread, strict-spread"):
+        plan(job=GPT, placement="diagonal")
