@@ -1,0 +1,418 @@
+"""Tokens/s and model FLOPs utilisation of a ~350M-parameter GPT on one GPU, bf16, ZeRO-2, SDPA flash
+attention, eager and torch.compile; peak memory against raytrain's planner.
+
+    python bench/gpu_mfu.py                          # one GPU: eager, then torch.compile (under 5 min on an H200)
+    python bench/gpu_mfu.py --compile off            # eager only
+    python bench/gpu_mfu.py --device cpu --tiny      # smoke path on CPU: a few steps of a tiny model
+
+One process, no Ray: a single-rank process group (NCCL on a GPU, gloo on CPU) and a DeepSpeed engine built
+by ``raytrain.runtime.engine.build_engine`` from the DeepSpeed dict ``raytrain.config.resolve`` makes for
+``--zero 2 --precision bf16`` (this file is also a raytrain job: ``raytrain submit bench/gpu_mfu.py
+--gpus-per-worker 1 --zero 2 --precision bf16``), with a client ``torch.optim.AdamW(fused=True)`` so that
+DeepSpeed compiles no op.
+
+The model: GPT-2-medium shape (24 layers, hidden 1024, 16 heads, vocab 50304, tied output layer: 355M
+parameters), sequence 1024, synthetic tokens made on the device. FLOPs per token (PaLM, appendix B):
+``6N + 12 L H Q T`` with N the parameters without the position embeddings, L layers, H heads, Q head size,
+T sequence (full attention counted, as PaLM does, although causal attention skips half). MFU = FLOPs per
+token x tokens/s / the GPU's peak dense bf16 FLOP/s from PEAK_BF16 by device name (``--peak-tflops`` for
+other GPUs). Peak memory is ``torch.cuda.max_memory_allocated`` from model creation to the last step, set
+against the planner's ``allocated`` (``raytrain.planner.memory.estimate``, flash attention).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets. First match wins,
+# so a more specific name comes before a name it contains.
+PEAK_BF16: list[tuple[str, float]] = [
+    (r"GB200", 2.5e15),
+    (r"B200", 2.25e15),
+    (r"H200 NVL", 835e12),
+    (r"GH200|H200", 989e12),
+    (r"H100 PCIe", 756e12),
+    (r"H100 NVL", 835e12),
+    (r"H100|H800", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"H20\b", 148e12),
+    (r"A100|A800", 312e12),
+    (r"L40S", 362e12),
+    (r"L40\b", 181e12),
+    (r"\bL4\b", 121e12),
+    (r"\bA10\b", 125e12),
+    (r"MI300X", 1307e12),
+    (r"MI250X?", 383e12),
+]
+
+
+def peak_flops(device_name: str) -> float | None:
+    for pattern, flops in PEAK_BF16:
+        if re.search(pattern, device_name):
+            return flops
+    return None
+
+
+# -- the model -------------------------------------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc = nn.Linear(hidden, 4 * hidden)
+        self.out = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # flash attention where available
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, seq: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as GPT-2
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+SHAPES = {
+    "350m": dict(layers=24, hidden=1024, heads=16, vocab=50304, seq=1024, micro_batch=16),
+    "tiny": dict(layers=2, hidden=64, heads=4, vocab=256, seq=64, micro_batch=2),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
+    p.add_argument("--tiny", action="store_true", help="a tiny model and few steps (the CPU smoke path)")
+    for key in ("layers", "hidden", "heads", "vocab", "seq", "micro_batch"):
+        p.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"default {SHAPES['350m'][key]}")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None, help="measured optimizer steps (default 30; --tiny 3)")
+    p.add_argument("--warmup", type=int, default=None, help="steps before measuring (default 5; --tiny 1)")
+    p.add_argument("--compile", choices=["off", "on", "both"], default=None,
+                   help="torch.compile the model: both = eager then compiled (default on a GPU; off on CPU)")
+    p.add_argument("--budget-s", type=float, default=285.0,
+                   help="skip the compiled variant when less than 150 s of this budget is left (default %(default)s)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak dense bf16 TFLOP/s (unknown GPUs)")
+    p.add_argument("--out", default="bench/results/gpu_mfu.json")
+    return p
+
+
+def settings(argv: list[str] | None) -> argparse.Namespace:
+    a = parser().parse_args(argv)
+    shape = SHAPES["tiny" if a.tiny else "350m"]
+    for key, value in shape.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    a.steps = a.steps or (3 if a.tiny else 30)
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.tiny else 5)
+    a.compile = a.compile or ("both" if a.device == "cuda" else "off")
+    return a
+
+
+# -- FLOPs and the planner ------------------------------------------------------------------------------
+def flops_per_token(model: GPT, a) -> tuple[int, int]:
+    """(6N + 12 L H Q T, N): N without the position embeddings (the tied output layer counted once)."""
+    n = sum(p.numel() for p in model.parameters()) - model.pos.weight.numel()
+    return 6 * n + 12 * a.layers * a.heads * (a.hidden // a.heads) * a.seq, n
+
+
+def planner_estimate(model: GPT, a) -> dict:
+    from raytrain.planner.memory import Config, estimate
+    from raytrain.planner.meta import count_parameters, largest_layer
+
+    est = estimate(
+        Config(zero=2, precision="bf16"), params=count_parameters(model), largest_layer=largest_layer(model)[0],
+        gpus=1, gpus_per_node=1, seq=a.seq, micro_batch=a.micro_batch, layers=a.layers, hidden=a.hidden,
+        heads=a.heads, vocab=a.vocab, flash_attention=True,
+    )
+    return {"allocated": est.allocated, "gpu_total": est.gpu_total, "model_states": est.states.gpu_total,
+            "activations": est.activations, "buffers": est.buffers}
+
+
+def deepspeed_config(a) -> dict:
+    """The DeepSpeed dict raytrain resolves for --zero 2 --precision bf16 and this batch."""
+    from raytrain.config import Options, resolve
+
+    plan = resolve(Options(job=str(Path(__file__).resolve()), script=False, workers=1,
+                           gpus_per_worker=1 if a.device == "cuda" else 0, zero=2, precision="bf16",
+                           micro_batch=a.micro_batch, grad_accum=a.grad_accum))
+    return plan.deepspeed
+
+
+# -- one process group, one engine ------------------------------------------------------------------------
+def init_single_rank(device: str) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"),
+                       ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+
+
+def flash_attention_works(a, device) -> bool:
+    """Whether SDPA's flash kernel takes this shape in bf16 here (else SDPA picks another kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, a.heads, a.seq, a.hidden // a.heads, device=device, dtype=torch.bfloat16, requires_grad=True)
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+        return True
+    except RuntimeError as exc:
+        print(f"gpu_mfu: SDPA flash attention unavailable ({str(exc).splitlines()[0][:200]}); using SDPA's choice",
+              file=sys.stderr)
+        return False
+
+
+def run_variant(a, config: dict, compiled: bool) -> dict:
+    from raytrain.runtime.engine import build_engine
+
+    device = torch.device("cuda:0" if a.device == "cuda" else "cpu")
+    cuda = device.type == "cuda"
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    at_start = torch.cuda.memory_allocated() if cuda else 0  # left over by an earlier variant, if anything
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GPT(a.vocab, a.hidden, a.layers, a.heads, a.seq)
+    fpt, n_params = flops_per_token(model, a)
+    estimate = planner_estimate(model, a)
+
+    def optimizer(params):
+        return torch.optim.AdamW([p for p in params if p.requires_grad], lr=3e-4, fused=cuda)
+
+    engine = build_engine(model, optimizer=optimizer, config=config, lr_scheduler=None, model_parameters=None)
+    compile_s = None
+    if compiled:
+        engine.compile()  # DeepSpeed's: nn.Module.compile in place, inductor; the first steps pay for it
+    attention, backends = "sdpa", None
+    if cuda and flash_attention_works(a, device):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backends = sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+        attention = "sdpa flash"
+
+    def step(i: int) -> float:
+        total = 0.0
+        for micro in range(a.grad_accum):
+            g = torch.Generator(device=device).manual_seed(i * 1000 + micro)
+            toks = torch.randint(0, a.vocab, (a.micro_batch, a.seq + 1), device=device, generator=g)
+            logits = engine(toks[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), toks[:, 1:].reshape(-1))
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach()
+        return total
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    if backends is not None:
+        backends.__enter__()
+    try:
+        t = time.perf_counter()
+        loss = None
+        for i in range(a.warmup):
+            loss = step(i)
+        sync()
+        warmup_s = time.perf_counter() - t
+        if compiled:
+            compile_s = round(warmup_s, 1)
+        times = []
+        t0 = time.perf_counter()
+        for i in range(a.warmup, a.warmup + a.steps):
+            ts = time.perf_counter()
+            loss = step(i)
+            sync()
+            times.append(time.perf_counter() - ts)
+        elapsed = time.perf_counter() - t0
+    finally:
+        if backends is not None:
+            backends.__exit__(None, None, None)
+    tokens = a.steps * a.micro_batch * a.grad_accum * a.seq
+    tokens_per_s = tokens / elapsed
+    if cuda:
+        peak_mem = torch.cuda.max_memory_allocated()
+        memory_kind = "torch.cuda.max_memory_allocated"
+    else:
+        import resource
+
+        peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        memory_kind = "process max RSS (CPU)"
+    result = {
+        "variant": "torch.compile" if compiled else "eager",
+        "attention": attention,
+        "params": sum(p.numel() for p in model.parameters()),
+        "params_for_flops": n_params,
+        "flops_per_token": fpt,
+        "tokens_per_step": a.micro_batch * a.grad_accum * a.seq,
+        "warmup_s": round(warmup_s, 2),
+        "compile_and_warmup_s": compile_s,
+        "step_s_median": sorted(times)[len(times) // 2],
+        "step_s_mean": elapsed / a.steps,
+        "tokens_per_s": tokens_per_s,
+        "model_flops_per_s": fpt * tokens_per_s,
+        "final_loss": float(loss) if loss is not None else None,
+        "peak_memory_bytes": int(peak_mem),
+        "peak_memory_kind": memory_kind,
+        "allocated_at_start_bytes": at_start,
+        "planner": estimate,
+        "planner_over_measured": round(estimate["allocated"] / peak_mem, 3) if cuda and peak_mem else None,
+    }
+    del engine, model
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    a = settings(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_mfu: --device cuda but torch sees no GPU; use --device cpu --tiny for the smoke path", file=sys.stderr)
+        return 2
+    if a.device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if a.hidden % a.heads:
+        print(f"gpu_mfu: --hidden {a.hidden} is not divisible by --heads {a.heads}", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU"
+    peak = a.peak_tflops * 1e12 if a.peak_tflops else (peak_flops(name) if a.device == "cuda" else None)
+    if a.device == "cuda" and peak is None:
+        print(f"gpu_mfu: no peak bf16 FLOP/s for {name!r} in PEAK_BF16: MFU is not computed; pass "
+              f"--peak-tflops (the data sheet's dense bf16 tensor TFLOP/s) to get it", file=sys.stderr)
+    init_single_rank(a.device)
+    config = deepspeed_config(a)
+    variants = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
+    results, notes = [], []
+    for compiled in variants:
+        left = a.budget_s - (time.monotonic() - started)
+        if compiled and len(variants) > 1 and left < 150:
+            notes.append(f"torch.compile variant skipped: {left:.0f} s of the {a.budget_s:.0f} s budget left")
+            continue
+        r = run_variant(a, config, compiled)
+        r["mfu"] = r["model_flops_per_s"] / peak if peak else None
+        results.append(r)
+        if r["allocated_at_start_bytes"] > 2**27:
+            notes.append(f"{r['variant']}: {r['allocated_at_start_bytes'] / 2**30:.2f} GiB were still allocated when it "
+                         "started (left by the previous variant) and count in its peak")
+        print(f"gpu_mfu: {r['variant']}: {r['tokens_per_s']:,.0f} tokens/s"
+              + (f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""), file=sys.stderr, flush=True)
+
+    cpu_note = ("MFU on CPU is not meaningful: there is no peak FLOP/s for a CPU here and this path only "
+                "exercises the code (a tiny model, a few steps)") if a.device == "cpu" else None
+    out = {
+        "benchmark": "gpu_mfu", "device": name, "peak_bf16_flops": peak,
+        "shape": {k: getattr(a, k) for k in ("layers", "hidden", "heads", "vocab", "seq", "micro_batch", "grad_accum")},
+        "steps": a.steps, "warmup": a.warmup, "deepspeed": config,
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
+        "results": results, "notes": notes + ([cpu_note] if cpu_note else []),
+        "duration_s": round(time.monotonic() - started, 1),
+    }
+    path = Path(a.out) if Path(a.out).is_absolute() else ROOT / a.out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, default=str))
+
+    p0 = results[0]["params"] if results else 0
+    print(f"## GPT {p0 / 1e6:.{0 if p0 >= 1e8 else 2}f}M parameters, seq {a.seq}, micro-batch {a.micro_batch} x grad-accum {a.grad_accum}, "
+          f"bf16, ZeRO-2, on {name}" + (f" (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)" if peak else "") + "\n")
+    print("| variant | attention | step | tokens/s | model TFLOP/s | MFU | peak memory | planner estimate | estimate/measured |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else ("n/a (CPU)" if a.device == "cpu" else "n/a (unknown GPU)")
+        est = r["planner"]["allocated"]
+        print(f"| {r['variant']} | {r['attention']} | {r['step_s_median'] * 1000:.1f} ms | {r['tokens_per_s']:,.0f} | "
+              f"{r['model_flops_per_s'] / 1e12:.{1 if a.device == 'cuda' else 4}f} | {mfu} | {size(r['peak_memory_bytes'])}"
+              f"{'' if a.device == 'cuda' else ' (RSS)'} | {size(est)} | "
+              f"{r['planner_over_measured'] if r['planner_over_measured'] is not None else 'n/a'} |")
+    for note in out["notes"]:
+        print(f"\nNOTE: {note}")
+    print(f"\nFLOPs/token = 6N + 12·L·H·Q·T = {results[0]['flops_per_token'] / 1e9:.3f} GFLOP (N = "
+          f"{results[0]['params_for_flops'] / 1e6:.1f}M without position embeddings); total {out['duration_s']:.0f} s; "
+          f"JSON: {path}" if results else f"no results; JSON: {path}")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if results else 1
+
+
+# -- as a raytrain job -----------------------------------------------------------------------------------
+def train(ctx):
+    """The same model through raytrain: ``raytrain submit bench/gpu_mfu.py --gpus-per-worker 1 --zero 2
+    --precision bf16 -- [--tiny] [--steps N]`` (reports tokens/s per step)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args(ctx.args)
+    shape = SHAPES["tiny" if args.tiny else "350m"]
+    torch.manual_seed(0)
+    model = GPT(shape["vocab"], shape["hidden"], shape["layers"], shape["heads"], shape["seq"])
+    engine = ctx.deepspeed(model, lr=3e-4)
+    for step in range(ctx.start_step, args.steps):
+        for micro in range(ctx.grad_accum):
+            toks = torch.randint(0, shape["vocab"], (ctx.micro_batch, shape["seq"] + 1), device=ctx.device)
+            logits = engine(toks[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, shape["vocab"]), toks[:, 1:].reshape(-1))
+            engine.backward(loss)
+            engine.step()
+        ctx.report({"loss": loss, "tokens": ctx.train_batch * shape["seq"]})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""raytrain against bare DeepSpeed under torchrun: the same job, seed and DeepSpeed config on 2 CPU workers.
+
+    .venv/bin/python bench/overhead.py                 # ZeRO 1 and 3, bf16, grad-accum 4, 3 rounds
+    .venv/bin/python bench/overhead.py --smoke         # 1 round, few steps, ZeRO 1 only (what CI runs)
+
+For each config and round it runs, one after the other (A B A B ...):
+
+  A  ``raytrain submit JOB --workers 2 --zero Z --precision bf16 --grad-accum 4 --json -q -- JOB_ARGS`` on a
+     warm local cluster (started once before the rounds if it is not running; stopped at the end only if
+     this script started it). The events come from ``raytrain jobs logs ID``.
+  B  ``python -m torch.distributed.run --standalone --nproc_per_node 2 bench/bare_runner.py PLAN.json`` with
+     the plan ``raytrain submit ... --dry-run --json`` resolves for the same flags (the exact DeepSpeed dict):
+     the job's ``train(ctx)`` with a Ray-free context, the engine from ``build_engine``, the same event lines.
+
+Figures per config (medians over rounds; [min, max] in the JSON): steady-state step time (median
+``step_time_s`` after the first --warmup steps) and A/B; time from command start to the end of step 1 and
+A/B; end-to-end wall time; peak RSS per worker; and the largest loss difference between A and B of a round
+(the two sides do the same arithmetic, so it should be 0 or tiny). Goals (issue 8): steady A/B <= 1.02,
+first step A/B <= 1.5. Writes --out (JSON) and prints a markdown table on stdout.
+
+Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
+RAYTRAIN_RAY_TEMP_DIR).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib as bl  # noqa: E402
+
+# The job's arguments: a model whose step takes long enough on 2 CPU cores that per-step overheads show
+# as a fraction of real work, not of nothing.
+DEFAULT_JOB_ARGS = "--steps 30 --vocab 512 --dim 128 --layers 4 --heads 4 --seq 64"
+SMOKE_JOB_ARGS = "--steps 6"
+GOAL_STEADY, GOAL_FIRST = 1.02, 1.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job", default="jobs/gpt_zero.py", help="job file (default: %(default)s)")
+    p.add_argument("--job-args", default=None, help=f"the job's arguments (default: {DEFAULT_JOB_ARGS!r})")
+    p.add_argument("--rounds", type=int, default=None, help="A B rounds per config (default 3; --smoke 1)")
+    p.add_argument("--zero", type=int, nargs="+", default=None, help="ZeRO stages (default 1 3; --smoke 1)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--grad-accum", type=int, default=4)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=None, help="steps left out of the steady state (default 3; --smoke 2)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="passed to raytrain submit --env for side A (e.g. RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05)")
+    p.add_argument("--bare-nice", type=int, default=0,
+                   help="run side B at this niceness (Ray runs its train workers at 15; default %(default)s)")
+    p.add_argument("--num-cpus", type=float, default=None, help="cluster up --num-cpus, if this script starts it")
+    p.add_argument("--keep-cluster", action="store_true", help="leave the cluster up even if this script started it")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="when this script starts the cluster, do not run the uncounted warm-up job first")
+    p.add_argument("--out", default="bench/results/overhead.json")
+    p.add_argument("--smoke", action="store_true", help="one round, few steps, ZeRO 1 only")
+    args = p.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 3
+    if args.zero is None:
+        args.zero = [1] if args.smoke else [1, 3]
+    if args.warmup is None:
+        args.warmup = 2 if args.smoke else 3
+    if args.job_args is None:
+        args.job_args = SMOKE_JOB_ARGS if args.smoke else DEFAULT_JOB_ARGS
+    return args
+
+
+def summarise(runs: list[bl.Run], warmup: int) -> dict:
+    a = [r for r in runs if r.side == "raytrain" and r.ok]
+    b = [r for r in runs if r.side == "torchrun" and r.ok]
+
+    def med(side, attr):
+        return bl.median([getattr(r, attr) for r in side])
+
+    out = {"rounds_ok": {"raytrain": len(a), "torchrun": len(b)}}
+    for attr in ("steady_step_s", "first_step_s", "wall_s", "steady_samples_per_s", "train_elapsed_s",
+                 "job_start_s", "ctx_ready_s", "teardown_s", "job_end_s"):
+        out[attr] = {
+            "raytrain": med(a, attr), "torchrun": med(b, attr),
+            "raytrain_range": bl.spread([getattr(r, attr) for r in a]),
+            "torchrun_range": bl.spread([getattr(r, attr) for r in b]),
+            "ratio": bl.ratio(med(a, attr), med(b, attr)),
+        }
+    out["steady_cpu_cores"] = {
+        side: {k: bl.median([(r.steady_cpu or {}).get(k) for r in rs]) for k in ("workers", "other")}
+        for side, rs in (("raytrain", a), ("torchrun", b))
+    }
+    # Pooled steady steps (all rounds together): the same median over more samples.
+    pooled = {side: bl.median([t for r in rs for t in r.step_times[warmup:]]) for side, rs in (("raytrain", a), ("torchrun", b))}
+    out["steady_step_s_pooled"] = {**pooled, "ratio": bl.ratio(pooled["raytrain"], pooled["torchrun"])}
+    for side, rs in (("raytrain", a), ("torchrun", b)):
+        ranks = sorted({k for r in rs for k in r.rss_peak_gb})
+        out.setdefault("rss_peak_gb", {})[side] = {k: max(r.rss_peak_gb.get(k, 0) for r in rs) for k in ranks}
+    diffs = []
+    for rnd in sorted({r.round for r in runs}):
+        ra = next((r for r in a if r.round == rnd), None)
+        rb = next((r for r in b if r.round == rnd), None)
+        if ra and rb and ra.losses and len(ra.losses) == len(rb.losses):
+            diffs.append(max(abs(x - y) for x, y in zip(ra.losses, rb.losses)))
+    out["loss_max_abs_diff"] = max(diffs) if diffs else None
+    steady, first = out["steady_step_s"]["ratio"], out["first_step_s"]["ratio"]
+    out["goals"] = {
+        "steady_ratio_max": GOAL_STEADY, "steady_ok": steady is not None and steady <= GOAL_STEADY,
+        "first_step_ratio_max": GOAL_FIRST, "first_step_ok": first is not None and first <= GOAL_FIRST,
+    }
+    return out
+
+
+def diff(a, b):
+    return a - b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+
+
+def table(results: dict) -> str:
+    header = ["config", "steady step A", "steady step B", "A/B", "A-B", "first step A", "first step B", "A/B",
+              "wall A", "wall B", "peak RSS/worker A", "peak RSS/worker B", "max loss diff"]
+    rows = []
+    for label, cfg in results["configs"].items():
+        s = cfg["summary"]
+
+        def rss(side):
+            values = s["rss_peak_gb"].get(side) or {}
+            return " / ".join(f"{v:.2f}" for _, v in sorted(values.items())) + " GB" if values else "-"
+
+        rows.append([
+            label,
+            bl.fmt(s["steady_step_s"]["raytrain"], " ms", 0, 1000), bl.fmt(s["steady_step_s"]["torchrun"], " ms", 0, 1000),
+            bl.fmt(s["steady_step_s"]["ratio"], "", 3),
+            bl.fmt(diff(s["steady_step_s"]["raytrain"], s["steady_step_s"]["torchrun"]), " ms", 1, 1000),
+            bl.fmt(s["first_step_s"]["raytrain"], " s", 1), bl.fmt(s["first_step_s"]["torchrun"], " s", 1),
+            bl.fmt(s["first_step_s"]["ratio"], "", 2),
+            bl.fmt(s["wall_s"]["raytrain"], " s", 1), bl.fmt(s["wall_s"]["torchrun"], " s", 1),
+            rss("raytrain"), rss("torchrun"),
+            bl.fmt(s["loss_max_abs_diff"], "", 2 if not s["loss_max_abs_diff"] else 6),
+        ])
+    return bl.markdown_table(header, rows)
+
+
+def startup_table(results: dict) -> str:
+    """Where the time outside the training steps goes (medians, seconds from command start)."""
+    header = ["config", "side", "job accepted", "train ctx built", "step 1 done", "last step done", "job ended",
+              "teardown", "wall", "steady CPU: workers / other"]
+    rows = []
+    for label, cfg in results["configs"].items():
+        s = cfg["summary"]
+        for side in ("raytrain", "torchrun"):
+            last = bl.median([r["last_step_s"] for r in cfg["runs"] if r["side"] == side and r["ok"]])
+            rows.append([label, side, bl.fmt(s["job_start_s"][side], " s", 1), bl.fmt(s["ctx_ready_s"][side], " s", 1),
+                         bl.fmt(s["first_step_s"][side], " s", 1), bl.fmt(last, " s", 1),
+                         bl.fmt(s["job_end_s"][side], " s", 1),
+                         bl.fmt(s["teardown_s"][side], " s", 1), bl.fmt(s["wall_s"][side], " s", 1),
+                         f"{bl.fmt(s['steady_cpu_cores'][side]['workers'], '', 2)} / "
+                         f"{bl.fmt(s['steady_cpu_cores'][side]['other'], '', 2)} cores"])
+    return bl.markdown_table(header, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = dict(os.environ)
+    job = str(Path(args.job).resolve())
+    job_args = args.job_args.split()
+    configs = {}
+    for zero in args.zero:
+        extra = [x for kv in args.env for x in ("--env", kv)]
+        flags = bl.submit_flags(workers=args.workers, zero=zero, precision=args.precision,
+                                grad_accum=args.grad_accum, micro_batch=args.micro_batch, extra=extra)
+        request = bl.dry_run_plan(job, flags, job_args, env)
+        configs[f"zero{zero}"] = {"flags": flags, "plan": request["plan"], "deepspeed": request["deepspeed"], "runs": []}
+
+    bl.log(f"overhead: {len(configs)} config(s) x {args.rounds} round(s), job {args.job} {args.job_args}")
+    started = bl.cluster_up(env, args.num_cpus)
+    bl.log("overhead: local cluster " + ("started" if started else "already running (warm)"))
+    t_start = time.time()
+    try:
+        if started and not args.no_warm_up:
+            # The first job on a fresh cluster pays one-off costs (the detached autoscaling coordinator actor,
+            # cold page cache for torch/deepspeed, the runtime-env agent's first package): not measured.
+            first = next(iter(configs.values()))
+            warm = bl.run_raytrain(job, first["flags"], job_args, env, label="warm-up", rnd=-1, warmup=args.warmup)
+            bl.log(f"overhead: warm-up job on the fresh cluster: {'ok' if warm.ok else warm.error}, "
+                   f"first step {bl.fmt(warm.first_step_s, ' s', 1)} (not counted)")
+        for rnd in range(args.rounds):
+            for label, cfg in configs.items():
+                for side in ("raytrain", "torchrun"):
+                    if side == "raytrain":
+                        run = bl.run_raytrain(job, cfg["flags"], job_args, env, label=label, rnd=rnd, warmup=args.warmup)
+                    else:
+                        run = bl.run_bare(cfg["plan"], env, label=label, rnd=rnd, warmup=args.warmup, nice=args.bare_nice)
+                    cfg["runs"].append(run)
+                    bl.log(f"overhead: round {rnd + 1} {label} {side:8s} "
+                           + (f"steps {run.steps}, steady {bl.fmt(run.steady_step_s, ' s', 3)}, "
+                              f"first step {bl.fmt(run.first_step_s, ' s', 1)}, wall {bl.fmt(run.wall_s, ' s', 1)}"
+                              if run.ok else f"FAILED: {run.error}"))
+    finally:
+        if started and not args.keep_cluster:
+            bl.cluster_down(env)
+            bl.log("overhead: local cluster stopped")
+
+    results = {
+        "benchmark": "overhead",
+        "machine": bl.machine(),
+        "settings": {
+            "job": args.job, "job_args": job_args, "workers": args.workers, "precision": args.precision,
+            "grad_accum": args.grad_accum, "micro_batch": args.micro_batch, "rounds": args.rounds,
+            "warmup_steps": args.warmup, "env": args.env, "bare_nice": args.bare_nice, "smoke": args.smoke, "cluster_started_here": started,
+            "duration_s": round(time.time() - t_start, 1),
+        },
+        "configs": {},
+    }
+    for label, cfg in configs.items():
+        results["configs"][label] = {
+            "flags": cfg["flags"], "deepspeed": cfg["deepspeed"],
+            "summary": summarise(cfg["runs"], args.warmup),
+            "runs": [r.to_dict() for r in cfg["runs"]],
+        }
+    path = bl.write_json(args.out, results)
+    print(f"## raytrain vs torchrun: {args.workers} CPU workers, {args.precision}, grad-accum {args.grad_accum}, "
+          f"{args.rounds} round(s), `{args.job} {args.job_args}`\n")
+    print(table(results))
+    print("\nWhere the time goes (median seconds from command start; cores used during the steady steps by the "
+          "training processes and by every other process on the machine):\n")
+    print(startup_table(results))
+    print(f"\nmedians over rounds; steady = median step_time_s after {args.warmup} warm-up steps; first step = "
+          f"command start to the end of step 1. Goals: steady A/B <= {GOAL_STEADY}, first step A/B <= {GOAL_FIRST}.")
+    print(f"JSON: {path}")
+    failed = [r for c in configs.values() for r in c["runs"] if not r.ok]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
