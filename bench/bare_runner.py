@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import importlib.util
 import json
 import os
 import sys
@@ -143,18 +142,6 @@ class BareContext:
             self._memory_event(final=True)
 
 
-def load_job(path: str) -> Any:
-    """Import the job file as module ``raytrain_job``, its folder on sys.path (as raytrain's workers do)."""
-    folder = str(Path(path).parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location("raytrain_job", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["raytrain_job"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: torchrun --nproc_per_node N bench/bare_runner.py PLAN.json", file=sys.stderr)
@@ -177,7 +164,9 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         print(f"bare_runner: {world} processes, torch threads {torch.get_num_threads()}, "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
-    module = load_job(plan["job_file"])
+    from raytrain.runtime.worker import load_job  # the same import raytrain's workers do
+
+    module = load_job(plan["job_file"])  # an absolute path: found directly
     module.train(ctx)
     ctx.finish()
     dist.destroy_process_group()
