@@ -77,7 +77,8 @@ def dry_run(options: Options, target: Target | None = None) -> tuple[Target, Req
 def check_capacity(target: Target, the_plan: Plan) -> None:
     """Refuse, before submitting, a request the cluster can never hold."""
     nodes = target.nodes()
-    problem = capacity_problem(the_plan.scaling.num_workers, the_plan.scaling.resources_per_worker, nodes)
+    scaling = the_plan.scaling
+    problem = capacity_problem(scaling.num_workers, scaling.resources_per_worker, nodes, scaling.min_workers)
     problem = problem or tensor_group_problem(
         the_plan.parallel["tp"], the_plan.scaling.resources_per_worker, nodes
     )

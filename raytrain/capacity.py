@@ -29,11 +29,22 @@ def worker_slots(nodes: list[Node], per_worker: dict[str, float]) -> int:
     return slots
 
 
-def capacity_problem(num_workers: int, per_worker: dict[str, float], nodes: list[Node]) -> str | None:
-    """None if the request fits; otherwise one line that names the flags, the capacity and what fits."""
+def capacity_problem(
+    num_workers: int, per_worker: dict[str, float], nodes: list[Node], min_workers: int | None = None
+) -> str | None:
+    """None if the request fits; otherwise one line that names the flags, the capacity and what fits.
+    Elastic requests (``min_workers``) fit when the cluster holds at least ``min_workers``."""
     slots = worker_slots(nodes, per_worker)
-    if slots >= num_workers:
+    elastic = min_workers is not None and min_workers < num_workers
+    if slots >= (min_workers if elastic else num_workers):
         return None
+    if elastic:
+        each = " + ".join(f"{v:g} {k}" for k, v in per_worker.items() if v > 0)
+        return (
+            f"--workers {min_workers}-{num_workers} x ({each}) needs room for at least {min_workers} worker(s); "
+            f"the cluster has room for {slots}: use --workers {max(1, slots)}-{num_workers}"
+            + ("" if slots else " after adding capacity")
+        )
     alive = [n for n in nodes if n.alive]
     cpus = sum(n.resources.get("CPU", 0.0) for n in alive)
     gpus = sum(n.resources.get("GPU", 0.0) for n in alive)

@@ -21,6 +21,8 @@ RESTARTING = "restarting"  # controller: the worker group is restarting after a 
 CHECKPOINT = "checkpoint"  # rank 0: a checkpoint of this step was reported
 MEMORY = "memory"  # every rank, every ~10 s and at the end: peak GPU memory (NVML) or RSS
 ESTIMATE = "estimate"  # rank 0: the planner's per-GPU memory estimate for this model and config
+PREFLIGHT = "preflight"  # controller: where each worker runs and the network interface it uses
+RESIZED = "resized"  # rank 0: an elastic job runs with a different number of workers (grad-accum adjusted)
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 
@@ -60,6 +62,8 @@ class JobFacts:
     checkpoints: list[int] = field(default_factory=list)
     memory: dict[int, dict] = field(default_factory=dict)  # rank -> latest memory event
     estimate: dict | None = None
+    preflight: dict | None = None  # the latest (each worker-group start runs one)
+    resized: list[dict] = field(default_factory=list)
     finished: dict | None = None
     error: dict | None = None
 
@@ -85,6 +89,10 @@ class JobFacts:
             self.estimate = event
         elif kind == CHECKPOINT:
             self.checkpoints.append(event.get("step"))
+        elif kind == PREFLIGHT:
+            self.preflight = event
+        elif kind == RESIZED:
+            self.resized.append(event)
         elif kind == FINISHED:
             self.finished = event
         elif kind in (ERROR, CAPACITY, INVALID):

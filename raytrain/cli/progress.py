@@ -34,6 +34,34 @@ def memory_summary(facts: events.JobFacts) -> list[str]:
     return lines
 
 
+def describe_preflight(event: dict) -> list[str]:
+    """Where the workers run and which interface they use, one line per node."""
+    nodes: dict[str, list[dict]] = {}
+    for w in event.get("workers") or []:
+        nodes.setdefault(f"{w.get('host')} ({w.get('ip')})", []).append(w)
+    iface = event.get("interface")
+    head = (
+        f"preflight ok in {event.get('seconds', 0):.2f} s: {sum(map(len, nodes.values()))} worker(s) on "
+        f"{len(nodes)} node(s), rank 0 at {event.get('master')}"
+        + (f", GLOO/NCCL_SOCKET_IFNAME={iface} ({event.get('reason')})" if iface else f" ({event.get('reason')})")
+    )
+    lines = [head]
+    if len(nodes) > 1:
+        for where, workers in nodes.items():
+            ranks = ",".join(str(w.get("rank")) for w in workers)
+            gpus = sum(len(w.get("gpus") or []) for w in workers)
+            lines.append(f"  {where}: rank(s) {ranks}, {gpus} GPU(s), via {workers[0].get('interface') or '?'}")
+    return lines
+
+
+def describe_resize(event: dict) -> str:
+    return (
+        f"elastic: running on {event.get('workers')} worker(s) (range {event.get('range')}); grad-accum "
+        f"{event.get('grad_accum')} (planned {event.get('planned_grad_accum')} on {event.get('planned_workers')}) "
+        f"keeps the global batch {event.get('train_batch')}"
+    )
+
+
 def describe_metrics(m: dict) -> str:
     parts = [f"step {m.get('step', '?')}"]
     if isinstance(m.get("loss"), (int, float)):
@@ -123,3 +151,8 @@ class ProgressPrinter:
             )
         elif kind == events.RESTARTING:
             self.console.print(f"raytrain: workers restarting: {event.get('reason', '')}", markup=False)
+        elif kind == events.PREFLIGHT:
+            for line in describe_preflight(event):
+                self.console.print(f"raytrain: {line}", markup=False, highlight=False, soft_wrap=True)
+        elif kind == events.RESIZED:
+            self.console.print(f"raytrain: {describe_resize(event)}", markup=False, highlight=False, soft_wrap=True)

@@ -50,6 +50,8 @@ def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
         resume=flags.get("resume"),
         tp=flags.get("tp"),
         placement=flags.get("placement"),
+        interface=flags.get("interface"),
+        timeout=flags.get("timeout"),
         pp=flags.get("pp"),
         pp_partition=flags.get("pp_partition"),
         tp_spec=flags.get("tp_spec"),
@@ -73,7 +75,11 @@ def submit_options(fn):
     for decorator in reversed(
         [
             address_option,
-            click.option("--workers", type=int, help="Number of workers (one per GPU). Default 1."),
+            click.option(
+                "--workers", metavar="N|MIN-MAX",
+                help="Number of workers (one per GPU), or an elastic range MIN-MAX: start with as many as fit, "
+                "continue with fewer (>= MIN) after a lost node, global batch kept. Default 1.",
+            ),
             click.option(
                 "--gpus-per-worker",
                 type=float,
@@ -101,6 +107,15 @@ def submit_options(fn):
             click.option(
                 "--placement", type=click.Choice(list(PLACEMENTS)),
                 help="How workers are placed on nodes (Ray placement group). Default pack.",
+            ),
+            click.option(
+                "--interface", metavar="IFNAME",
+                help="Network interface for gloo/NCCL on every worker (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME; "
+                "checked before training). Default: the interface that reaches rank 0, when all workers agree.",
+            ),
+            click.option(
+                "--timeout", type=float, metavar="SECONDS",
+                help="torch.distributed timeout for process-group setup and each collective. Default 600.",
             ),
             click.option("--tp", type=int, help="Tensor-parallel size (DeepSpeed AutoTP). Default 1."),
             click.option("--pp", type=int, help="Pipeline stages (the job calls ctx.pipeline). Default 1."),
@@ -155,8 +170,9 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
             **request.to_dict(),
             "deepspeed": plan.deepspeed,
             "scaling": {
-                "workers": plan.scaling.num_workers,
+                "workers": plan.scaling.workers_label if plan.scaling.elastic else plan.scaling.num_workers,
                 "num_workers": plan.scaling.num_workers,
+                **({"min_workers": plan.scaling.min_workers} if plan.scaling.elastic else {}),
                 "use_gpu": plan.scaling.use_gpu,
                 "resources_per_worker": plan.scaling.resources_per_worker,
                 "placement_strategy": plan.scaling.placement_strategy,
@@ -179,7 +195,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
             click.echo(f"mode        {plan.mode}")
             click.echo(f"entrypoint  {request.entrypoint}")
             click.echo(
-                f"scaling     {plan.scaling.num_workers} worker(s) x {plan.scaling.resources_per_worker}"
+                f"scaling     {plan.scaling.workers_label} worker(s) x {plan.scaling.resources_per_worker}"
                 f"{' (GPU)' if plan.scaling.use_gpu else ' (CPU, gloo)'}"
             )
             click.echo("deepspeed")

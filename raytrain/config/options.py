@@ -28,7 +28,7 @@ class Options:
     job_args: list[str] = field(default_factory=list)
     script: bool | None = None  # True: run the job file as a script (__main__); None: detect
     address: str | None = None
-    workers: int | None = None
+    workers: int | str | None = None  # N, or "MIN-MAX" for elastic training (Ray Train's worker range)
     gpus_per_worker: float | None = None  # None: 1 if the cluster has GPUs, else 0
     cpus_per_worker: float | None = None
     zero: int | None = None
@@ -45,6 +45,8 @@ class Options:
     max_failures: int | None = None  # worker-group restarts from the latest checkpoint; -1 = unlimited
     resume: str | None = None  # a run name, run directory or checkpoint directory
     placement: str | None = None  # pack | spread | strict-spread (Ray placement group strategy)
+    interface: str | None = None  # network interface for gloo/NCCL (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)
+    timeout: float | None = None  # seconds: process-group setup (and each collective) may take this long
     tp: int | None = None  # tensor-parallel size (DeepSpeed AutoTP)
     pp: int | None = None  # pipeline stages (DeepSpeed PipelineModule)
     pp_partition: str | None = None  # "parameters" | "uniform" | "type:REGEX"

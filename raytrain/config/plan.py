@@ -14,6 +14,15 @@ class Scaling:
     use_gpu: bool
     resources_per_worker: dict[str, float]
     placement_strategy: str = "PACK"
+    min_workers: int | None = None  # elastic: Ray Train may run with min_workers..num_workers workers
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.num_workers
+
+    @property
+    def workers_label(self) -> str:
+        return f"{self.min_workers}-{self.num_workers}" if self.elastic else str(self.num_workers)
 
     def total(self) -> dict[str, float]:
         return {k: v * self.num_workers for k, v in self.resources_per_worker.items()}
@@ -41,6 +50,8 @@ class Plan:
     resume: str | None = None
     activation_checkpointing: bool = False
     pp_partition: str = "parameters"
+    interface: str | None = None  # the network interface every worker must use (--interface)
+    timeout_s: float = 600.0  # torch.distributed process-group timeout (--timeout)
     mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
 
     def to_dict(self) -> dict[str, Any]:

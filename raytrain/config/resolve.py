@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from raytrain.config.elastic import batch_problem, parse_workers
 from raytrain.config.jobfile import check_job_file
 from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options
 from raytrain.config.plan import Plan, Scaling
@@ -20,6 +21,9 @@ from raytrain.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux IFNAMSIZ - 1
+DEFAULT_TIMEOUT_S = 600.0  # torch.distributed's timeout for process-group setup and each collective
+ELASTIC_MAX_FAILURES = 3  # --workers MIN-MAX without --max-failures: restarts allowed after lost workers
 
 # Defaults raytrain adds to every DeepSpeed config (a --ds-config may override each).
 DS_BASE: dict[str, Any] = {
@@ -401,6 +405,17 @@ def _placement(value: str | None) -> str:
     return PLACEMENTS[value]
 
 
+def _interface(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not IFNAME_RE.match(str(value)):
+        raise ConfigError(
+            f"--interface {value!r}: not a network interface name (e.g. eth0, ens5, ib0; see `ip -br addr`)",
+            flag="--interface",
+        )
+    return str(value)
+
+
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
     job = check_job_file(opts.job, script=opts.script)
@@ -413,7 +428,8 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     defaults = {k: v for k, v in DEFAULTS.items() if k not in ("micro_batch", "grad_accum")}
     opts = opts.merged_over(Options(**defaults, gpus_per_worker=1.0 if cluster_has_gpus else 0.0))
 
-    workers = _check_int("workers", opts.workers, 1)
+    min_workers, workers = parse_workers(opts.workers)
+    elastic = min_workers < workers
     gpus = _check_number("--gpus-per-worker", opts.gpus_per_worker, 0, strict=False)
     cpus = _check_number("--cpus-per-worker", opts.cpus_per_worker, 0, strict=True)
     if opts.zero not in ZERO_STAGES:
@@ -462,13 +478,40 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
 
     checkpoint_every = _check_int("checkpoint_every", opts.checkpoint_every or 0, 0)
     keep = None if opts.keep is None else _check_int("keep", opts.keep, 1)
-    max_failures = _check_int("max_failures", opts.max_failures or 0, -1)
+    if elastic and opts.max_failures is None:
+        max_failures = ELASTIC_MAX_FAILURES  # elastic means "continue after a lost worker"
+    else:
+        max_failures = _check_int("max_failures", opts.max_failures or 0, -1)
+    if elastic and max_failures == 0:
+        raise ConfigError(
+            f"--workers {min_workers}-{workers} with --max-failures 0: an elastic job continues after a lost "
+            "worker by restarting the group; allow restarts (--max-failures N, or leave it unset)",
+            flag="--max-failures",
+        )
+    timeout_s = _check_number("--timeout", DEFAULT_TIMEOUT_S if opts.timeout is None else opts.timeout, 0, strict=True)
+    interface = _interface(opts.interface)
 
     tp = _check_int("tp", 1 if opts.tp is None else opts.tp, 1)
     pp = _check_int("pp", 1 if opts.pp is None else opts.pp, 1)
     _check_parallel(opts, job, workers=workers, tp=tp, pp=pp, use_gpu=use_gpu)
+    if elastic and job.mode == "script":
+        raise ConfigError(
+            f"--workers {min_workers}-{workers}: elastic training needs a train(ctx) job (raytrain restores and "
+            "reshards its checkpoints when the worker count changes); this file runs in script mode",
+            flag="--workers",
+        )
+    if elastic and tp * pp > 1:
+        raise ConfigError(
+            f"--workers {min_workers}-{workers}: elastic training works with data parallelism only (Ray Train "
+            f"may pick any size in the range); with --tp {tp} --pp {pp} give a fixed --workers",
+            flag="--workers",
+        )
     dp = workers // (tp * pp)
     micro, accum, total = _batch_sizes(opts, dp)
+    if elastic:
+        problem = batch_problem(total, micro, min_workers, workers)
+        if problem:
+            raise ConfigError(problem, flag="--workers")
     deepspeed = _deepspeed_dict(
         ds,
         zero=opts.zero,
@@ -498,6 +541,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         scaling=Scaling(
             num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources,
             placement_strategy=_placement(opts.placement),
+            min_workers=min_workers if elastic else None,
         ),
         parallel={"dp": dp, "tp": tp, "pp": pp},
         train_batch=total,
@@ -512,5 +556,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         resume=opts.resume,
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or "parameters",
+        interface=interface,
+        timeout_s=timeout_s,
         mode=job.mode,
     )

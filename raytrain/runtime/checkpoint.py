@@ -73,20 +73,77 @@ def save(engine: Any, *, rank: int, world_size: int, step: int, user_state: dict
     return str(directory)
 
 
-def load(engine: Any, directory: str, *, rank: int, world_size: int) -> tuple[int, dict]:
-    """Load the DeepSpeed state and this rank's RNG/data state; returns (step, user_state)."""
+def marker(directory: str) -> dict:
+    """Rank 0's marker of a checkpoint directory (tag, step, world size, files)."""
+    return json.loads((Path(directory) / MARKER.format(rank=0)).read_text())
+
+
+def saved_world_size(directory: str) -> int:
+    return int(marker(directory)["world_size"])
+
+
+def needs_reshard(directory: str, *, world_size: int, zero: int) -> bool:
+    """A ZeRO checkpoint saved by a different number of workers: its optimizer shards must be re-cut
+    (DeepSpeed universal checkpoint). Stage 0 keeps whole optimizer state on every rank: no re-cut."""
+    return zero >= 1 and saved_world_size(directory) != world_size
+
+
+def to_universal(directory: str, tag: str, *, local_rank: int) -> str:
+    """Convert ``directory``/``tag`` to a DeepSpeed universal checkpoint in this node's temp dir (local
+    rank 0 converts, the other ranks wait at a barrier); returns the folder to load ``tag`` from."""
+    import hashlib
+    import shutil
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    key = hashlib.sha1(f"{Path(directory).resolve()}:{tag}".encode()).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / f"raytrain-universal-{key}"
+    done = out / ".raytrain-done"
+    if local_rank == 0 and not done.exists():
+        shutil.rmtree(out, ignore_errors=True)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+             "--input_folder", str(Path(directory) / tag), "--output_folder", str(out / tag),
+             "--num_extract_workers", str(min(4, os.cpu_count() or 1)), "--num_merge_workers", "1",
+             "--inject_missing_state"],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise RuntimeError(f"raytrain: converting {directory} to a universal checkpoint failed:\n{tail}")
+        (out / "latest_universal").write_text(tag)
+        done.write_text(f"{time.monotonic() - started:.1f}")
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return str(out)
+
+
+def load(engine: Any, directory: str, *, rank: int, world_size: int, universal: str | None = None) -> tuple[int, dict]:
+    """Load the DeepSpeed state and this rank's RNG/data state; returns (step, user_state).
+    ``universal``: a converted copy to load the DeepSpeed state from (resharded to this world size)."""
     import torch
 
     d = Path(directory)
     marker = json.loads((d / MARKER.format(rank=0)).read_text())
-    if marker["world_size"] != world_size:
+    if marker["world_size"] != world_size and universal is None and not _whole_state(engine):
         raise RuntimeError(
             f"raytrain: checkpoint {directory} was saved by {marker['world_size']} workers; this run has "
             f"{world_size}: resume with --workers {marker['world_size']}"
         )
-    engine.load_checkpoint(str(d), tag=marker["tag"], load_optimizer_states=True, load_lr_scheduler_states=True)
+    engine.load_checkpoint(
+        universal or str(d), tag=marker["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
+    )
     state_path = d / STATE_FILE.format(rank=rank)
     state = torch.load(state_path, weights_only=False) if state_path.exists() else {}
     if state.get("rng"):
         _set_rng_state(state["rng"])
     return int(marker["step"]), dict(state.get("user_state") or {})
+
+
+def _whole_state(engine: Any) -> bool:
+    """ZeRO stage 0: every rank holds the whole optimizer state, so any world size can load it."""
+    stage = getattr(engine, "zero_optimization_stage", None)
+    return callable(stage) and stage() == 0

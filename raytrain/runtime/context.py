@@ -56,6 +56,25 @@ class TrainContext:
         self.grad_accum: int = self.config["gradient_accumulation_steps"]
         self.train_batch: int = int(plan.get("train_batch") or self.config["train_batch_size"])
         parallel = plan.get("parallel") or {"dp": world_size, "tp": 1, "pp": 1}
+        scaling = plan.get("scaling") or {}
+        if scaling.get("min_workers") is not None and world_size != int(parallel.get("dp", world_size)):
+            # Elastic (--workers MIN-MAX, data parallel only): Ray Train chose this many workers; keep the
+            # global batch by changing gradient accumulation.
+            from raytrain.config.elastic import rescale
+
+            planned_accum = self.grad_accum
+            self.config, self.grad_accum = rescale(self.config, train_batch=self.train_batch, dp=world_size)
+            parallel = {"dp": world_size, "tp": 1, "pp": 1}
+            if rank == 0:
+                events.emit(
+                    events.RESIZED,
+                    workers=world_size,
+                    range=f"{scaling['min_workers']}-{scaling['num_workers']}",
+                    planned_workers=scaling["num_workers"],
+                    grad_accum=self.grad_accum,
+                    planned_grad_accum=planned_accum,
+                    train_batch=self.train_batch,
+                )
         self.tp, self.pp, self.dp = int(parallel["tp"]), int(parallel["pp"]), int(parallel["dp"])
         # Data-parallel rank: the ranks of one TP group (consecutive) or of one pipeline (strided) see
         # the same data. Shard data by dp_rank/dp_size, not by rank/world_size.
@@ -68,6 +87,7 @@ class TrainContext:
         self.start_step = 0
         self.resumed_from: str | None = None
         self._restore_from = restore_from
+        self._universal: str | None = None  # a resharded copy of the restore point (see deepspeed())
         self._steps = 0
         self._last_step = 0
         self._last_checkpoint_step: int | None = None
@@ -174,6 +194,18 @@ class TrainContext:
         config = copy.deepcopy(self.config)
         if self.tp > 1:
             self._prepare_tp(model, config)
+        self._universal = None
+        if self._restore_from and self.tp == 1 and self.pp == 1:
+            from raytrain.runtime import checkpoint
+
+            zero = int((config.get("zero_optimization") or {}).get("stage", 0))
+            if checkpoint.needs_reshard(self._restore_from, world_size=self.world_size, zero=zero):
+                saved = checkpoint.saved_world_size(self._restore_from)
+                self.log(f"raytrain: checkpoint saved by {saved} worker(s), this run has {self.world_size}: "
+                         "resharding ZeRO state (DeepSpeed universal checkpoint)")
+                tag = checkpoint.marker(self._restore_from)["tag"]
+                self._universal = checkpoint.to_universal(self._restore_from, tag, local_rank=self.local_rank)
+                config.setdefault("checkpoint", {})["load_universal"] = True
         self.engine = build_engine(
             model,
             optimizer=optimizer,
@@ -238,7 +270,8 @@ class TrainContext:
         from raytrain.runtime import checkpoint
 
         step, self.state = checkpoint.load(
-            self.engine, self._restore_from, rank=self.rank, world_size=self.world_size
+            self.engine, self._restore_from, rank=self.rank, world_size=self.world_size,
+            universal=self._universal,
         )
         self.start_step = self._last_step = self._last_checkpoint_step = step
         self.resumed_from = self._restore_from

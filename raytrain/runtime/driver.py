@@ -93,7 +93,11 @@ def main() -> int:
 
     ray.init(log_to_driver=True)
     scaling = plan["scaling"]
-    problem = capacity_problem(scaling["num_workers"], scaling["resources_per_worker"], cluster_nodes())
+    min_workers = scaling.get("min_workers")
+    elastic = min_workers is not None and min_workers < scaling["num_workers"]
+    problem = capacity_problem(
+        scaling["num_workers"], scaling["resources_per_worker"], cluster_nodes(), min_workers
+    )
     if problem:
         emit(events.CAPACITY, message=problem)
         return EXIT_CANNOT_RUN
@@ -122,6 +126,7 @@ def main() -> int:
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from raytrain.runtime.preflight import torch_config
     from raytrain.runtime.worker import train_loop_per_worker
 
     max_failures = int(plan.get("max_failures") or 0)
@@ -130,7 +135,7 @@ def main() -> int:
         name=plan["name"],
         run=run_name,
         storage=plan.get("storage"),
-        workers=scaling["num_workers"],
+        workers=f"{min_workers}-{scaling['num_workers']}" if elastic else scaling["num_workers"],
         use_gpu=scaling["use_gpu"],
         zero=plan["zero"],
         precision=plan["precision"],
@@ -142,8 +147,9 @@ def main() -> int:
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan, "resume_from": resume_from},
+        torch_config=torch_config(timeout_s=float(plan.get("timeout_s") or 600), interface=plan.get("interface")),
         scaling_config=ScalingConfig(
-            num_workers=scaling["num_workers"],
+            num_workers=(min_workers, scaling["num_workers"]) if elastic else scaling["num_workers"],
             use_gpu=scaling["use_gpu"],
             resources_per_worker=scaling["resources_per_worker"],
             placement_strategy=scaling.get("placement_strategy", "PACK"),
@@ -162,6 +168,9 @@ def main() -> int:
         result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
         cause, rank = _root_cause(exc)
+        if type(cause).__name__ == "PreflightError":  # the workers cannot connect: a setup error, not a crash
+            emit(events.INVALID, message=str(cause))
+            return EXIT_CANNOT_RUN
         traceback.print_exc()
         emit(events.ERROR, type=type(cause).__name__, rank=rank, message=_one_line(cause))
         return EXIT_TRAINING_FAILED

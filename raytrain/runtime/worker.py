@@ -34,6 +34,11 @@ def load_job(relative: str) -> Any:
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     plan = config["plan"]
+    import warnings
+
+    # DeepSpeed's ZeRO calls torch.distributed APIs that torch 2.13 deprecates, once per step: noise the
+    # user cannot act on.
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     if not plan["scaling"]["use_gpu"]:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:

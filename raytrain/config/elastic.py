@@ -1,0 +1,76 @@
+"""Elastic training: ``--workers MIN-MAX``.
+
+Ray Train starts with as many workers as the cluster holds (up to MAX) and, after a lost node, restarts the
+group with the workers that remain (at least MIN). raytrain keeps the global batch fixed across sizes by
+changing gradient accumulation: train_batch = micro-batch x grad-accum x data-parallel size, so every
+size in the range must divide the global batch. Pure functions: used by config resolution and, with the
+real world size, by the worker runtime.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+from typing import Any
+
+from raytrain.errors import ConfigError
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_workers(value: Any) -> tuple[int, int]:
+    """``--workers`` as (min, max): ``4`` -> (4, 4); ``"2-4"`` -> (2, 4)."""
+    if isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, int):
+        lo = hi = value
+    else:
+        m = _RANGE.match(str(value))
+        if not m:
+            raise ConfigError(
+                f"--workers {value!r}: use a number of workers (4) or an elastic range MIN-MAX (2-4)",
+                flag="--workers",
+            )
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+    if lo < 1:
+        raise ConfigError(f"--workers {value}: must be >= 1 (at least one worker)", flag="--workers")
+    if hi < lo:
+        raise ConfigError(f"--workers {value}: MIN is larger than MAX; write it as {hi}-{lo}", flag="--workers")
+    return lo, hi
+
+
+def accum_for(train_batch: int, micro: int, dp: int) -> int | None:
+    """Gradient-accumulation steps that keep ``train_batch`` at data-parallel size ``dp`` (None: impossible)."""
+    if dp < 1 or train_batch % (micro * dp):
+        return None
+    return train_batch // (micro * dp)
+
+
+def batch_problem(train_batch: int, micro: int, lo: int, hi: int) -> str | None:
+    """Why some worker count in lo..hi cannot keep the global batch, with sizes that would work."""
+    bad = [n for n in range(lo, hi + 1) if accum_for(train_batch, micro, n) is None]
+    if not bad:
+        return None
+    step = math.lcm(*(micro * n for n in range(lo, hi + 1)))
+    suggestion = -(-train_batch // step) * step
+    good = [n for n in range(lo, hi + 1) if n not in bad]
+    return (
+        f"--workers {lo}-{hi}: the global batch {train_batch} (micro-batch {micro}) cannot be kept with "
+        f"{', '.join(map(str, bad))} worker(s) ({train_batch} is not divisible by micro-batch x workers). "
+        f"Use --train-batch {suggestion} (a multiple of {step}), or a range whose sizes all divide it"
+        + (f" (these do: {', '.join(map(str, good))})" if good else "")
+    )
+
+
+def rescale(ds: dict[str, Any], *, train_batch: int, dp: int) -> tuple[dict[str, Any], int]:
+    """The DeepSpeed dict for data-parallel size ``dp`` with the global batch kept; returns (dict, accum)."""
+    micro = int(ds["train_micro_batch_size_per_gpu"])
+    accum = accum_for(train_batch, micro, dp)
+    if accum is None:
+        raise ValueError(f"global batch {train_batch} is not divisible by micro-batch {micro} x {dp} workers")
+    out = copy.deepcopy(ds)
+    out["gradient_accumulation_steps"] = accum
+    if "train_batch_size" in out:
+        out["train_batch_size"] = train_batch
+    return out, accum

@@ -1,0 +1,246 @@
+"""Preflight: before torch.distributed connects the workers, check they can.
+
+Every worker reports its host, node address, GPUs, network interfaces and the interface that routes to
+rank 0. raytrain then
+- checks a named ``--interface`` exists (with an IPv4 address, up) on every worker,
+- otherwise, on a multi-node job where every worker reaches rank 0 through an interface of the same name,
+  uses that one (the usual fix for process groups that hang on docker0/virbr0/lo, ray#45825),
+- sets ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` on the workers (unless the job's env sets them),
+- has rank 0 listen on its address and every worker connect to it (from the chosen interface),
+and fails within seconds, naming the node, instead of hanging for the process-group timeout.
+
+``decide`` is pure (unit-tested); the probes run inside the Ray Train workers (``describe``, ``listen``,
+``connect``), driven from Ray Train's controller by ``PreflightTorchConfig``'s backend.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+CONNECT_TIMEOUT_S = 5.0
+
+
+class PreflightError(RuntimeError):
+    """The workers cannot form a process group; the message names the worker, node and what to change."""
+
+
+# -- worker-side probes ---------------------------------------------------------------------------------
+def source_address(dest: str) -> str | None:
+    """The local IPv4 address the kernel would use to reach ``dest`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((dest, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def describe(master_addr: str) -> dict[str, Any]:
+    """This worker: host, node address, GPUs, IPv4 interfaces, the address that routes to rank 0."""
+    import psutil
+    import ray
+
+    interfaces = {
+        name: [a.address for a in addrs if a.family == socket.AF_INET]
+        for name, addrs in psutil.net_if_addrs().items()
+    }
+    up = {name: bool(st.isup) for name, st in psutil.net_if_stats().items()}
+    try:
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+    except Exception:  # outside a Ray worker
+        gpus = []
+    return {
+        "host": socket.gethostname(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "gpus": gpus,
+        "interfaces": interfaces,
+        "up": up,
+        "route_source": source_address(master_addr),
+        "env": {k: os.environ[k] for k in IFNAME_VARS if os.environ.get(k)},
+    }
+
+
+def listen(addr: str, seconds: float) -> int:
+    """Accept (and drop) TCP connections on ``addr`` for ``seconds`` in a background thread; the port."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((addr, 0))
+    server.listen(128)
+    server.settimeout(0.5)
+    deadline = time.monotonic() + seconds
+
+    def serve():
+        with server:
+            while time.monotonic() < deadline:
+                try:
+                    conn, _ = server.accept()
+                    conn.close()
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, name="raytrain-preflight", daemon=True).start()
+    return server.getsockname()[1]
+
+
+def connect(addr: str, port: int, source_ip: str | None, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """None if a TCP connection to addr:port (from ``source_ip``) works, else the error."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout,
+                                      source_address=(source_ip, 0) if source_ip else None):
+            return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+
+def set_env(env: dict[str, str]) -> None:
+    os.environ.update(env)
+
+
+# -- the decision (pure) --------------------------------------------------------------------------------
+@dataclass
+class Decision:
+    interface: dict[int, str] = field(default_factory=dict)  # rank -> interface to use ({} = leave as is)
+    reason: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    def source_ip(self, rank: int, report: dict[str, Any]) -> str | None:
+        name = self.interface.get(rank)
+        addrs = report["interfaces"].get(name) if name else None
+        return addrs[0] if addrs else None
+
+
+def _where(rank: int, report: dict[str, Any]) -> str:
+    return f"rank {rank} on {report['host']} ({report['node_ip']})"
+
+
+def _by_node(reports: list[dict[str, Any]]) -> list[tuple[list[int], dict[str, Any]]]:
+    """The workers grouped by node: ([ranks], one report of that node), in rank order."""
+    nodes: dict[str, tuple[list[int], dict[str, Any]]] = {}
+    for rank, r in enumerate(reports):
+        nodes.setdefault(r["node_ip"], ([], r))[0].append(rank)
+    return list(nodes.values())
+
+
+def _node(ranks: list[int], report: dict[str, Any]) -> str:
+    which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
+    return f"node {report['host']} ({report['node_ip']}, {which})"
+
+
+def route_interface(report: dict[str, Any]) -> str | None:
+    """The interface that owns the address this worker uses to reach rank 0."""
+    src = report.get("route_source")
+    for name, addrs in report["interfaces"].items():
+        if src and src in addrs:
+            return name
+    return None
+
+
+def decide(reports: list[dict[str, Any]], interface: str | None) -> Decision:
+    """Which interface each worker uses, and what makes the job impossible."""
+    decision = Decision()
+    if interface:
+        for ranks, r in _by_node(reports):
+            names = sorted(n for n, a in r["interfaces"].items() if a)
+            where = _node(ranks, r)
+            if interface not in r["interfaces"]:
+                decision.problems.append(
+                    f"--interface {interface}: {where} has no interface {interface!r} "
+                    f"(its IPv4 interfaces: {', '.join(names) or 'none'})"
+                )
+            elif not r["interfaces"][interface]:
+                decision.problems.append(f"--interface {interface}: on {where} it has no IPv4 address")
+            elif not r["up"].get(interface, True):
+                decision.problems.append(f"--interface {interface}: on {where} it is down")
+        if not decision.problems:
+            decision.interface = {rank: interface for rank in range(len(reports))}
+            decision.reason = "--interface"
+        return decision
+    if any(r.get("env") for r in reports):
+        decision.reason = "set by the job's environment"
+        return decision
+    if len({r["node_ip"] for r in reports}) < 2:
+        decision.reason = "single node"
+        return decision
+    routes = [route_interface(r) for r in reports]
+    if None not in routes and len(set(routes)) == 1:
+        decision.interface = {rank: routes[0] for rank in range(len(reports))}
+        decision.reason = "the interface every worker routes to rank 0 through"
+    else:
+        seen = ", ".join(f"rank {i}: {name or '?'}" for i, name in enumerate(routes))
+        decision.reason = f"workers reach rank 0 through different interfaces ({seen}); left to gloo/NCCL"
+    return decision
+
+
+# -- the Ray Train backend ------------------------------------------------------------------------------
+def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
+    """Probe the started worker group; set the interface variables; raise PreflightError naming problems."""
+    from ray.train._internal.utils import get_address_and_port
+
+    started = time.monotonic()
+    master_addr, _ = worker_group.execute_single(0, get_address_and_port)
+    reports = worker_group.execute(describe, master_addr)
+    decision = decide(reports, interface)
+    if decision.problems:
+        raise PreflightError("preflight: " + "; ".join(decision.problems))
+    port = worker_group.execute_single(0, listen, master_addr, CONNECT_TIMEOUT_S * 3)
+    failures = []
+    refs = [
+        worker_group.execute_single_async(rank, connect, master_addr, port, decision.source_ip(rank, r))
+        for rank, r in enumerate(reports)
+    ]
+    import ray
+
+    for rank, (r, error) in enumerate(zip(reports, ray.get(refs))):
+        if error:
+            via = f" via {decision.interface[rank]}" if rank in decision.interface else ""
+            failures.append(f"{_where(rank, r)} cannot reach rank 0 at {master_addr}:{port}{via} ({error})")
+    if failures:
+        hint = "" if interface else " (name the interface that connects the nodes with --interface)"
+        raise PreflightError("preflight: " + "; ".join(failures) + hint)
+    for rank in decision.interface:
+        env = {k: decision.interface[rank] for k in IFNAME_VARS}
+        worker_group.execute_single(rank, set_env, env)
+    return {
+        "master": master_addr,
+        "interface": decision.interface.get(0),
+        "reason": decision.reason,
+        "workers": [
+            {"rank": i, "host": r["host"], "ip": r["node_ip"], "gpus": r["gpus"],
+             "interface": decision.interface.get(i) or route_interface(r)}
+            for i, r in enumerate(reports)
+        ],
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def torch_config(*, timeout_s: float, interface: str | None) -> Any:
+    """A TorchConfig whose backend runs the preflight before setting up the process group."""
+    from dataclasses import dataclass as _dataclass
+
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import _TorchBackend
+
+    from raytrain import events
+
+    class _PreflightBackend(_TorchBackend):
+        def on_start(self, worker_group, backend_config):
+            summary = run(worker_group, backend_config.interface)
+            events.emit(events.PREFLIGHT, **summary)
+            super().on_start(worker_group, backend_config)
+
+    @_dataclass
+    class PreflightTorchConfig(TorchConfig):
+        interface: str | None = None
+
+        @property
+        def backend_cls(self):
+            return _PreflightBackend
+
+    return PreflightTorchConfig(timeout_s=int(timeout_s), interface=interface)
