@@ -6,22 +6,40 @@ def is_uri(storage: str) -> bool:
     return "://" in storage
 
 
-def storage_problem(storage: str | None, visibility: dict[str, bool]) -> str | None:
-    """``visibility``: node address -> whether that node sees the marker the driver wrote. None if fine."""
+def storage_problem(storage: str | None, visibility: dict[str, bool | str]) -> str | None:
+    """``visibility``: node address -> True if the driver read back the marker that node wrote, False if it
+    did not, or the error the node got writing it. None if the storage is fine."""
     if not storage or is_uri(storage) or len(visibility) <= 1:
         return None
-    blind = sorted(node for node, sees in visibility.items() if not sees)
+    errors = {node: v for node, v in sorted(visibility.items()) if isinstance(v, str)}
+    blind = sorted(node for node, v in visibility.items() if v is False)
+    if errors:
+        detail = "; ".join(f"{node}: {err}" for node, err in errors.items())
+        return f"--storage {storage}: not every node can write it ({detail}); use a path every node mounts read-write"
     if not blind:
         return None
     return (
-        f"--storage {storage} is node-local: node(s) {', '.join(blind)} cannot see it, so their checkpoint "
-        "shards would be lost; use a path every node mounts (NFS, a ReadWriteMany PVC on KubeRay) or a cloud "
-        "URI such as s3://bucket/runs"
+        f"--storage {storage} is node-local: the driver cannot see what node(s) {', '.join(blind)} wrote there, "
+        "so their checkpoint shards would be lost; use a path every node mounts (NFS, a ReadWriteMany PVC on "
+        "KubeRay) or a cloud URI such as s3://bucket/runs"
     )
 
 
-def probe_visibility(storage: str, marker_name: str) -> dict[str, bool]:
-    """Write a marker into ``storage`` from the driver and ask a task on every alive node whether it sees it."""
+def write_marker(storage: str, name: str) -> str | None:
+    """Runs on each node: write ``storage``/``name``; None, or the error."""
+    import os
+
+    try:
+        os.makedirs(storage, exist_ok=True)
+        with open(os.path.join(storage, name), "w") as f:
+            f.write("raytrain storage check\n")
+        return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+
+def probe_visibility(storage: str, marker_prefix: str) -> dict[str, bool | str]:
+    """A task on every alive node writes a marker into ``storage``; the driver reads each one back."""
     import os
 
     import ray
@@ -30,16 +48,16 @@ def probe_visibility(storage: str, marker_name: str) -> dict[str, bool]:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) <= 1:
         return {n.get("NodeManagerAddress", "?"): True for n in nodes}
-    os.makedirs(storage, exist_ok=True)
-    marker = os.path.join(storage, marker_name)
-    with open(marker, "w") as f:
-        f.write("raytrain storage check\n")
-    try:
-        sees = ray.remote(num_cpus=0)(os.path.exists)
-        refs = [
-            sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(marker)
-            for n in nodes
-        ]
-        return {n.get("NodeManagerAddress", "?"): bool(r) for n, r in zip(nodes, ray.get(refs, timeout=60))}
-    finally:
-        os.remove(marker)
+    names = [f"{marker_prefix}-{n['NodeID'][:12]}" for n in nodes]
+    write = ray.remote(num_cpus=0)(write_marker)
+    refs = [
+        write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(storage, name)
+        for n, name in zip(nodes, names)
+    ]
+    result: dict[str, bool | str] = {}
+    for n, name, error in zip(nodes, names, ray.get(refs, timeout=60)):
+        path = os.path.join(storage, name)
+        result[n.get("NodeManagerAddress", "?")] = error or os.path.exists(path)
+        if error is None and os.path.exists(path):
+            os.remove(path)
+    return result

@@ -3,8 +3,8 @@
 Every worker reports its host, node address, GPUs, network interfaces and the interface that routes to
 rank 0. raytrain then
 - checks a named ``--interface`` exists (with an IPv4 address, up) on every worker,
-- otherwise, on a multi-node job where every worker reaches rank 0 through an interface of the same name,
-  uses that one (the usual fix for process groups that hang on docker0/virbr0/lo, ray#45825),
+- otherwise, on a multi-node job, has each worker use the interface through which it reaches rank 0 (the
+  usual fix for process groups that hang on docker0/virbr0/lo or an unroutable hostname, ray#45825),
 - sets ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` on the workers (unless the job's env sets them),
 - has rank 0 listen on its address and every worker connect to it (from the chosen interface),
 and fails within seconds, naming the node, instead of hanging for the process-group timeout.
@@ -169,12 +169,17 @@ def decide(reports: list[dict[str, Any]], interface: str | None) -> Decision:
         decision.reason = "single node"
         return decision
     routes = [route_interface(r) for r in reports]
-    if None not in routes and len(set(routes)) == 1:
-        decision.interface = {rank: routes[0] for rank in range(len(reports))}
+    if None in routes:
+        unknown = ", ".join(str(i) for i, name in enumerate(routes) if name is None)
+        decision.reason = f"no interface owns the route to rank 0 on rank(s) {unknown}; left to gloo/NCCL"
+        return decision
+    # Each process names the interface that reaches rank 0 on its own node (the variables are per process),
+    # so nodes whose interfaces are named differently (eth0 / ens5) work too.
+    decision.interface = dict(enumerate(routes))
+    if len(set(routes)) == 1:
         decision.reason = "the interface every worker routes to rank 0 through"
     else:
-        seen = ", ".join(f"rank {i}: {name or '?'}" for i, name in enumerate(routes))
-        decision.reason = f"workers reach rank 0 through different interfaces ({seen}); left to gloo/NCCL"
+        decision.reason = "each worker's route to rank 0"
     return decision
 
 

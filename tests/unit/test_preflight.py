@@ -47,10 +47,16 @@ def test_common_route_is_chosen_on_multi_node_jobs_only():
     assert single.interface == {} and single.reason == "single node"
 
 
-def test_different_routes_or_user_env_leave_the_choice_alone():
+def test_differently_named_routes_are_set_per_worker_unknown_ones_left_alone():
     other = report("node3", "10.2.0.3", {"ens5": ["10.2.0.3"]}, "10.2.0.3")
     d = decide([HEAD, other], None)
-    assert d.interface == {} and "different interfaces" in d.reason and "rank 1: ens5" in d.reason
+    assert d.interface == {0: "eth1", 1: "ens5"} and d.reason == "each worker's route to rank 0"
+    lost = report("node4", "10.2.0.4", {"ens5": ["10.2.0.4"]}, None)
+    d = decide([HEAD, lost], None)
+    assert d.interface == {} and "rank(s) 1" in d.reason
+
+
+def test_user_env_leaves_the_choice_alone():
     mine = report("node2", "10.1.0.2", {"eth1": ["10.1.0.2"]}, "10.1.0.2", env={"GLOO_SOCKET_IFNAME": "eth1"})
     d = decide([HEAD, mine], None)
     assert d.interface == {} and "environment" in d.reason
