@@ -6,9 +6,10 @@ from rich.console import Console
 from rich.table import Table
 
 from raytrain.cli import k8s as k8s_cli
+from raytrain.cli.cluster_join import join
 from raytrain.cli.common import handle_errors, print_json
 from raytrain.errors import ClusterError
-from raytrain.targets import local_cluster
+from raytrain.targets import local_cluster, ray_node
 
 
 @click.group()
@@ -22,13 +23,18 @@ def cluster():
 @click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
 @click.option("--port", type=int, help=f"GCS port (default {local_cluster.DEFAULT_PORT}).")
 @click.option("--dashboard-port", type=int, help=f"Default {local_cluster.DEFAULT_DASHBOARD_PORT}.")
+@click.option("--node-ip", help="This machine's address for Ray (other machines join via it). Default: loopback.")
+@click.option("--resources", "resources_json", help='Custom resources of this node as JSON: \'{"node_a": 1}\'.')
 @k8s_cli.cluster_options
 @click.option("--dry-run", is_flag=True, help="k8s: print the RayCluster manifest (YAML); apply nothing.")
 @handle_errors
-def up(num_cpus, num_gpus, port, dashboard_port, dry_run, **k8s):
+def up(num_cpus, num_gpus, port, dashboard_port, node_ip, resources_json, dry_run, **k8s):
     """Start the local cluster (no-op if it runs); --k8s: create or update the RayCluster (server-side apply)."""
     if k8s_cli.wants_k8s(k8s):
-        k8s_cli.refuse_local_flags(num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port)
+        k8s_cli.refuse_local_flags(
+            num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port,
+            node_ip=node_ip, resources=resources_json,
+        )
         return k8s_cli.cluster_up(k8s, dry_run=dry_run)
     if dry_run:
         raise ClusterError("--dry-run: only with --k8s (a RayCluster manifest)")
@@ -37,20 +43,34 @@ def up(num_cpus, num_gpus, port, dashboard_port, dry_run, **k8s):
     for flag, value in (("--num-cpus", num_cpus), ("--num-gpus", num_gpus)):
         if value is not None and value < 0:
             raise ClusterError(f"{flag} {value:g}: must be >= 0")
-    c, started = local_cluster.up(num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port)
+    resources = ray_node.parse_resources(resources_json)
+    node_ip = ray_node.check_node_ip(node_ip)
+    c, started = local_cluster.up(
+        num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port,
+        node_ip=node_ip, resources=resources,
+    )
     verb = "started" if started else "already running"
-    click.echo(f"local Ray cluster {verb}: dashboard {c.dashboard_url} (pid {c.pid})")
+    click.echo(f"local Ray cluster {verb}: dashboard {c.dashboard_url}, GCS {c.gcs_address} (pid {c.pid})")
+    click.echo(ray_node.token_hint(c.token_path, c.gcs_address))
 
 
 @cluster.command()
 @k8s_cli.cluster_options
 @handle_errors
 def down(**k8s):
-    """Stop the local cluster and every job on it; --k8s: delete the RayCluster."""
+    """Stop the local cluster (or the node `cluster join` started) and every job on it; --k8s: delete the
+    RayCluster."""
     if k8s_cli.wants_k8s(k8s):
         return k8s_cli.cluster_down(k8s)
+    node = ray_node.down()
+    if node is not None:
+        click.echo(f"worker node stopped (was joined to {node.gcs_address})")
     c = local_cluster.down()
-    click.echo("local Ray cluster stopped" if c else "no local Ray cluster is running")
+    if c is not None or node is None:
+        click.echo("local Ray cluster stopped" if c else "no local Ray cluster is running")
+
+
+cluster.add_command(join)
 
 
 def cluster_report() -> dict:

@@ -1,4 +1,6 @@
-"""The embedded single-node Ray cluster: ``ray start --head --block`` in its own session.
+"""The embedded Ray cluster's head: ``ray start --head --block`` in its own session.
+
+Single-node by default; with ``node_ip`` other machines can join it (`raytrain cluster join`, see ray_node).
 
 Its record lives in ``$RAYTRAIN_HOME/cluster.json``. The head runs with Ray's token auth and a token
 that only raytrain (and the user) can read, so raytrain's clients always authenticate and nothing else
@@ -37,6 +39,8 @@ class LocalCluster:
     started_at: float
     num_cpus: float | None = None
     num_gpus: float | None = None
+    node_ip: str | None = None
+    resources: dict | None = None
 
     @property
     def token(self) -> str:
@@ -109,12 +113,27 @@ def up(
     num_gpus: float | None = None,
     port: int = DEFAULT_PORT,
     dashboard_port: int = DEFAULT_DASHBOARD_PORT,
+    node_ip: str | None = None,
+    resources: dict | None = None,
     timeout_s: float = START_TIMEOUT_S,
 ) -> tuple[LocalCluster, bool]:
-    """Start the local cluster (or return the running one). Returns (cluster, started_now)."""
+    """Start the local cluster (or return the running one). Returns (cluster, started_now).
+
+    ``node_ip``: the address Ray's processes use (``--node-ip-address``), so other machines can join
+    (`raytrain cluster join`); the GCS address is recorded with it. The dashboard stays on 127.0.0.1.
+    ``resources``: custom resources of the head node (``{"node_a": 1}``).
+    """
+    from raytrain.targets import ray_node
+
     existing = current()
     if existing is not None:
         return existing, False
+    joined = ray_node.current()
+    if joined is not None:
+        raise ClusterError(
+            f"this RAYTRAIN_HOME runs a node joined to {joined.gcs_address} (raytrain cluster join); "
+            "`raytrain cluster down` first"
+        )
     temp_dir = _temp_dir()
     temp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _clear_stale_ray_state(temp_dir)
@@ -140,10 +159,7 @@ def up(
             f"--ray-client-server-port={20001 + offset % 10000}",
             f"--dashboard-agent-listen-port={52365 + offset % 10000}",
         ]
-    if num_cpus is not None:
-        cmd.append(f"--num-cpus={num_cpus:g}")
-    if num_gpus is not None:
-        cmd.append(f"--num-gpus={num_gpus:g}")
+    cmd += ray_node.start_flags(num_cpus, num_gpus, node_ip, resources)
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "token",
@@ -159,19 +175,21 @@ def up(
     cluster = LocalCluster(
         pid=proc.pid,
         dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-        gcs_address=f"127.0.0.1:{port}",
+        gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
         temp_dir=str(temp_dir),
         token_path=str(token_path),
         log_path=str(log_path),
         started_at=time.time(),
         num_cpus=num_cpus,
         num_gpus=num_gpus,
+        node_ip=node_ip,
+        resources=resources,
     )
     deadline = time.monotonic() + timeout_s
     dashboard = cluster.dashboard()
     while True:
         if proc.poll() is not None:
-            tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-15:])
+            tail = ray_node.log_tail(log_path)
             raise ClusterError(f"`ray start --head` exited with {proc.returncode}; its log ({log_path}):\n{tail}")
         try:
             dashboard.get("/api/version", timeout=2)

@@ -1,0 +1,251 @@
+"""A worker node joined to a Ray head elsewhere: ``ray start --address GCS --block`` in its own session.
+
+`raytrain cluster join` starts it with the head's token (copied into ``$RAYTRAIN_HOME/node_auth_token``,
+mode 600) and its own temp dir, records it in ``$RAYTRAIN_HOME/node.json`` and returns once the node is
+registered with the head's GCS (``ray start`` prints "Ray runtime started." only after the GCS lists the
+node). `raytrain cluster down` stops it. Also the flag checks `cluster up` and `join` share.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from raytrain import paths
+from raytrain.errors import ClusterError, ConfigError
+
+JOIN_TIMEOUT_S = float(os.environ.get("RAYTRAIN_JOIN_TIMEOUT_S", 90))
+STARTED_MARK = "Ray runtime started."
+
+
+def parse_resources(text: str | None) -> dict[str, float] | None:
+    """``--resources '{"node_a": 1}'`` -> a dict of custom resources (names to non-negative amounts)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--resources {text!r}: not JSON ({exc}); e.g. '{{\"node_a\": 1}}'", flag="--resources")
+    if not isinstance(value, dict):
+        raise ConfigError(f"--resources {text!r}: must be a JSON object, e.g. '{{\"node_a\": 1}}'", flag="--resources")
+    for name, amount in value.items():
+        if name in ("CPU", "GPU"):
+            raise ConfigError(f"--resources: {name} is set with --num-{name.lower()}s", flag="--resources")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ConfigError(f"--resources: {name!r} must be a number >= 0, not {amount!r}", flag="--resources")
+    return value
+
+
+def check_node_ip(ip: str | None) -> str | None:
+    """``--node-ip``: an IP address of this machine (Ray's processes bind to it)."""
+    if ip is None:
+        return None
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        raise ConfigError(f"--node-ip {ip!r}: not an IP address", flag="--node-ip")
+    family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, 0))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(f"--node-ip {ip}: not an address of this machine", flag="--node-ip")
+            raise ClusterError(f"--node-ip {ip}: cannot bind to it ({exc})")
+    return str(addr)
+
+
+def start_flags(num_cpus, num_gpus, node_ip, resources) -> list[str]:
+    """The `ray start` flags `up` and `join` share."""
+    flags = []
+    if num_cpus is not None:
+        flags.append(f"--num-cpus={num_cpus:g}")
+    if num_gpus is not None:
+        flags.append(f"--num-gpus={num_gpus:g}")
+    if node_ip is not None:
+        flags.append(f"--node-ip-address={node_ip}")
+    if resources:
+        flags.append(f"--resources={json.dumps(resources)}")
+    return flags
+
+
+def log_tail(path: str | Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class WorkerNode:
+    pid: int
+    gcs_address: str
+    temp_dir: str
+    token_path: str
+    log_path: str
+    started_at: float
+    node_ip: str | None = None
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    resources: dict | None = None
+
+    def process_alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _record_path() -> Path:
+    return paths.home() / "node.json"
+
+
+def current() -> WorkerNode | None:
+    """The worker node this RAYTRAIN_HOME joined, or None (a stale record is removed)."""
+    record = _record_path()
+    if not record.is_file():
+        return None
+    try:
+        node = WorkerNode(**json.loads(record.read_text()))
+    except (ValueError, TypeError):
+        record.unlink(missing_ok=True)
+        return None
+    if not node.process_alive():
+        record.unlink(missing_ok=True)
+        return None
+    return node
+
+
+def _copy_token(token_file: str) -> Path:
+    src = Path(token_file).expanduser()
+    try:
+        token = src.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"--token-file {token_file}: cannot read it ({exc.strerror})", flag="--token-file")
+    if not token:
+        raise ConfigError(f"--token-file {token_file}: empty", flag="--token-file")
+    dst = paths.home() / "node_auth_token"
+    dst.unlink(missing_ok=True)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return dst
+
+
+def join(
+    gcs_address: str,
+    *,
+    token_file: str,
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    node_ip: str | None = None,
+    resources: dict | None = None,
+    timeout_s: float = JOIN_TIMEOUT_S,
+) -> tuple[WorkerNode, bool]:
+    """Start a worker node joined to ``gcs_address`` (or return the running one). Returns (node, started_now)."""
+    from raytrain.targets import local_cluster
+
+    existing = current()
+    if existing is not None:
+        if existing.gcs_address != gcs_address:
+            raise ClusterError(
+                f"this RAYTRAIN_HOME already runs a node joined to {existing.gcs_address} (pid {existing.pid}); "
+                "`raytrain cluster down` first"
+            )
+        return existing, False
+    if local_cluster.current() is not None:
+        raise ClusterError("this RAYTRAIN_HOME runs a head (raytrain cluster up); `raytrain cluster down` first")
+    host, sep, port = gcs_address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"GCS address {gcs_address!r}: expected HOST:PORT (as `raytrain cluster up` prints)")
+    token_path = _copy_token(token_file)
+    temp_dir = local_cluster._temp_dir()
+    temp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    local_cluster._clear_stale_ray_state(temp_dir)
+    log_path = paths.home() / "node.log"
+    cmd = [
+        local_cluster._ray_executable(),
+        "start",
+        f"--address={gcs_address}",
+        "--block",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        *start_flags(num_cpus, num_gpus, node_ip, resources),
+    ]
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_path),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    for key in ("RAY_AUTH_TOKEN", "RAY_ADDRESS"):
+        env.pop(key, None)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+    node = WorkerNode(
+        pid=proc.pid,
+        gcs_address=gcs_address,
+        temp_dir=str(temp_dir),
+        token_path=str(token_path),
+        log_path=str(log_path),
+        started_at=time.time(),
+        node_ip=node_ip,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        resources=resources,
+    )
+    deadline = time.monotonic() + timeout_s
+    while STARTED_MARK not in Path(log_path).read_text(errors="replace"):
+        if proc.poll() is not None:
+            tail = log_tail(log_path)
+            why = "the head refused the token (--token-file must be a copy of the head's auth_token); " if (
+                "InvalidAuthToken" in tail
+            ) else ""
+            raise ClusterError(
+                f"{why}`ray start --address {gcs_address}` exited with {proc.returncode}; its log ({log_path}):\n"
+                + tail
+            )
+        if time.monotonic() > deadline:
+            local_cluster._terminate(proc.pid, grace_s=5.0)  # not started: it may not heed SIGTERM
+            raise ClusterError(
+                f"the node did not register with the head at {gcs_address} within {timeout_s:.0f} s "
+                f"(is the GCS port reachable from here, and the token the head's?); its log ({log_path}):\n"
+                + log_tail(log_path)
+            )
+        time.sleep(0.5)
+    _record_path().write_text(json.dumps(asdict(node), indent=2))
+    return node, True
+
+
+def down() -> WorkerNode | None:
+    """Stop the joined worker node; returns what was stopped (None if nothing ran)."""
+    from raytrain.targets import local_cluster
+
+    node = current()
+    if node is None:
+        return None
+    local_cluster._terminate(node.pid)
+    local_cluster._clear_stale_ray_state(Path(node.temp_dir))
+    _record_path().unlink(missing_ok=True)
+    return node
+
+
+def token_hint(token_path: str, gcs_address: str) -> str:
+    """What `cluster up` prints so a user can join a second machine."""
+    if gcs_address.startswith("127."):
+        return f"token: {token_path} (to let other machines join, start with --node-ip ADDR)"
+    return (
+        f"token: {token_path}; to join another machine, copy it there and run:\n"
+        f"  raytrain cluster join {gcs_address} --token-file PATH"
+    )

@@ -1,0 +1,45 @@
+"""`raytrain cluster status` shows on which node a running job's Ray Train workers are, and stops showing
+them once the job is stopped (real local Ray cluster, Ray's state API through the dashboard)."""
+import json
+import time
+
+import pytest
+
+from tests.conftest import JOBS
+
+pytestmark = pytest.mark.e2e
+
+
+def workers_of(status: dict, job: str) -> list[dict]:
+    return [dict(w, node_id=n["node_id"]) for n in status["nodes"] for w in (n["workers"] or []) if w["job"] == job]
+
+
+def test_status_lists_a_running_jobs_workers_per_node(cli):
+    proc = cli("submit", JOBS / "cnn.py", "--workers", "2", "--name", "placed", "--no-wait", "--json",
+               "--", "--steps", "100000", "--step-sleep", "0.2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = json.loads(proc.stdout)["id"]
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            status = cli.json("cluster", "status")
+            assert status["workers_error"] is None, status["workers_error"]
+            placed = workers_of(status, job)
+            if sum(w["count"] for w in placed) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        # the local cluster is one node: both workers are there, as two processes of the job 'placed'
+        (node,) = status["nodes"]
+        assert placed == [{"job": job, "name": "placed", "ray_job_id": placed[0]["ray_job_id"], "count": 2,
+                           "pids": placed[0]["pids"], "node_id": node["node_id"]}], status
+        assert len(set(placed[0]["pids"])) == 2 and placed[0]["ray_job_id"]
+
+        text = cli("cluster", "status", check=True).stdout
+        assert f"{job} x2" in text and "Train workers" in text
+    finally:
+        assert f"{job}: stopped" in cli("jobs", "stop", job, check=True).stdout
+
+    deadline = time.monotonic() + 60
+    while workers_of(status := cli.json("cluster", "status"), job) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert workers_of(status, job) == [] and status["nodes"][0]["workers"] == [], status

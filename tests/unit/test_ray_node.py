@@ -1,0 +1,55 @@
+"""`cluster up --node-ip/--resources` and `cluster join`: the checks made before anything starts."""
+import pytest
+from click.testing import CliRunner
+
+from raytrain.cli.main import main
+from raytrain.errors import ConfigError
+from raytrain.targets import ray_node
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_parse_resources():
+    assert ray_node.parse_resources(None) is None
+    assert ray_node.parse_resources('{"node_a": 1, "ssd": 0.5}') == {"node_a": 1, "ssd": 0.5}
+    for bad, words in [
+        ("{x", "not JSON"), ("[1]", "JSON object"), ('{"CPU": 2}', "--num-cpus"), ('{"a": -1}', ">= 0"),
+        ('{"a": "1"}', ">= 0"), ('{"a": true}', ">= 0"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            ray_node.parse_resources(bad)
+
+
+def test_check_node_ip():
+    assert ray_node.check_node_ip(None) is None
+    assert ray_node.check_node_ip("127.0.0.1") == "127.0.0.1"
+    with pytest.raises(ConfigError, match="not an IP address"):
+        ray_node.check_node_ip("my-host")
+    with pytest.raises(ConfigError, match="not an address of this machine"):
+        ray_node.check_node_ip("203.0.113.77")
+
+
+def test_start_flags():
+    assert ray_node.start_flags(1, None, "10.0.0.1", {"a": 1}) == [
+        "--num-cpus=1", "--node-ip-address=10.0.0.1", '--resources={"a": 1}',
+    ]
+    assert ray_node.start_flags(None, None, None, None) == []
+
+
+def test_up_and_join_refuse_bad_flags_before_starting_anything(raytrain_home, tmp_path):
+    r = run("cluster", "up", "--resources", "{oops")
+    assert r.exit_code == 2 and "--resources" in r.output and "not JSON" in r.output
+    r = run("cluster", "up", "--node-ip", "203.0.113.77")
+    assert r.exit_code == 2 and "not an address of this machine" in r.output
+    r = run("cluster", "join", "10.0.0.1:6379", "--token-file", str(tmp_path / "missing"))
+    assert r.exit_code == 2 and "--token-file" in r.output
+    token = tmp_path / "token"
+    token.write_text("abc")
+    r = run("cluster", "join", "no-port", "--token-file", str(token))
+    assert r.exit_code == 2 and "HOST:PORT" in r.output
+    r = run("cluster", "join", "10.0.0.1:6379", "--token-file", str(token), "--num-cpus", "-1")
+    assert r.exit_code == 2 and ">= 0" in r.output
+    assert not (raytrain_home / "cluster.json").exists() and not (raytrain_home / "node.json").exists()
+    assert "no local Ray cluster is running" in run("cluster", "down").output
