@@ -74,30 +74,16 @@ cluster.add_command(join)
 
 
 def cluster_report() -> dict:
+    from raytrain import cluster_status
     from raytrain.targets.local import LocalTarget
 
     c = local_cluster.current()
     if c is None:
         return {"running": False}
     dash = c.dashboard()
-    nodes = []
-    for entry in dash.node_summaries():
-        raylet = entry.get("raylet") or {}
-        res = raylet.get("resourcesTotal") or {}
-        mem = entry.get("mem") or [0, 0]
-        nodes.append(
-            {
-                "hostname": entry.get("hostname"),
-                "ip": entry.get("ip"),
-                "head": bool(raylet.get("isHeadNode")),
-                "state": (raylet.get("state") or "ALIVE"),
-                "cpus": res.get("CPU", 0),
-                "gpus": res.get("GPU", 0),
-                "memory_total_bytes": mem[0] if mem else 0,
-                "memory_available_bytes": mem[1] if len(mem) > 1 else 0,
-                "cpu_percent": entry.get("cpu"),
-            }
-        )
+    nodes = cluster_status.nodes_of(dash.node_summaries())
+    # node["workers"]: the jobs whose Ray Train workers run there (None: the state API did not answer)
+    workers_error = cluster_status.add_worker_placement(dash, nodes)
     jobs = [j.to_dict() for j in LocalTarget().list() if not j.state.terminal]
     return {
         "running": True,
@@ -111,6 +97,7 @@ def cluster_report() -> dict:
             "memory_total_bytes": sum(n["memory_total_bytes"] for n in nodes),
         },
         "jobs": jobs,
+        "workers_error": workers_error,
     }
 
 
@@ -119,9 +106,12 @@ def cluster_report() -> dict:
 @k8s_cli.cluster_options
 @handle_errors
 def status(as_json, **k8s):
-    """Nodes, CPUs, GPUs, memory and running jobs of the local cluster; --k8s: the RayCluster's status."""
+    """Nodes (CPUs, GPUs, memory, the jobs whose Ray Train workers run there) and running jobs of the local
+    cluster; --k8s: the RayCluster's status."""
     if k8s_cli.wants_k8s(k8s):
         return k8s_cli.cluster_status(k8s, as_json)
+    from raytrain.cluster_status import workers_cell
+
     report = cluster_report()
     if as_json:
         print_json(report)
@@ -131,18 +121,22 @@ def status(as_json, **k8s):
         return
     console = Console()
     console.print(f"local Ray cluster: dashboard {report['dashboard']}, GCS {report['gcs_address']}")
-    table = Table("node", "ip", "head", "CPUs", "GPUs", "memory (GiB avail/total)", "CPU %")
+    table = Table("node", "id", "ip", "head", "CPUs", "GPUs", "memory (GiB avail/total)", "CPU %", "Train workers")
     for n in report["nodes"]:
         table.add_row(
             n["hostname"] or "",
+            n["node_id"][:8],
             n["ip"] or "",
             "yes" if n["head"] else "",
             f"{n['cpus']:g}",
             f"{n['gpus']:g}",
             f"{n['memory_available_bytes'] / 2**30:.1f}/{n['memory_total_bytes'] / 2**30:.1f}",
             f"{n['cpu_percent'] or 0:.0f}",
+            workers_cell(n),
         )
     console.print(table)
+    if report["workers_error"]:
+        console.print(f"worker placement unavailable: {report['workers_error']}", markup=False)
     if report["jobs"]:
         jobs = Table("job", "name", "state")
         for j in report["jobs"]:
