@@ -1,0 +1,123 @@
+"""raytrain across two real Ray nodes (the ``two_nodes`` fixture: a head and node 2 in its own network
+namespace, joined over a veth pair, 1 CPU each): placement, preflight, shared storage, elastic recovery."""
+import json
+import re
+import time
+
+import pytest
+import torch
+
+from tests.conftest import JOBS
+
+pytestmark = pytest.mark.multinode
+
+GPT = JOBS / "gpt_zero.py"
+BASE = ["--zero", "3", "--precision", "fp32", "--micro-batch", "2", "--grad-accum", "2"]
+
+
+def submit(cli, flags, job_args, timeout=420):
+    return cli("submit", GPT, *flags, "--json", "--", *job_args, timeout=timeout)
+
+
+def test_an_interface_that_does_not_exist_fails_in_seconds_naming_it(two_nodes):
+    t0 = time.monotonic()
+    proc = submit(two_nodes.cli, ["--workers", "2", "--placement", "spread", "--interface", "nosuch0", *BASE],
+                  ["--steps", "2"])
+    took = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "--interface nosuch0" in err and "no interface 'nosuch0'" in err
+    assert "10.213.0.2" in err and "10.213.0.1" in err  # both nodes named, with what they have
+    assert "rt-mn1" in err and "rt-mn0" in err
+    # Workers start in ~20-40 s on 2 cores; the point is not waiting for the process-group timeout (600 s).
+    assert took < 150, took
+
+
+def test_node_local_storage_is_refused_before_any_worker_starts(two_nodes):
+    storage = two_nodes.node_local_dir / "runs"
+    t0 = time.monotonic()
+    proc = submit(two_nodes.cli, ["--workers", "2", "--placement", "spread", "--storage", storage, *BASE],
+                  ["--steps", "2"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--storage {storage} is node-local" in proc.stderr and "10.213.0.2" in proc.stderr
+    assert time.monotonic() - t0 < 90
+    assert not [p for p in storage.iterdir() if p.name.startswith(".raytrain-storage-check")]
+
+
+def test_spread_puts_one_worker_on_each_node_and_trains(two_nodes):
+    proc = submit(
+        two_nodes.cli,
+        ["--workers", "2", "--placement", "spread", "--storage", two_nodes.shared_dir, *BASE],
+        ["--steps", "8"],
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads(proc.stdout)
+    facts = two_nodes.cli.facts(info["id"])
+    pre = facts.preflight
+    assert {w["ip"] for w in pre["workers"]} == {"10.213.0.1", "10.213.0.2"}, pre
+    by_ip = {w["ip"]: w for w in pre["workers"]}
+    # Each worker talks over its own end of the veth pair (set as GLOO_SOCKET_IFNAME for it).
+    assert by_ip["10.213.0.1"]["interface"] == "rt-mn0" and by_ip["10.213.0.2"]["interface"] == "rt-mn1"
+    rank0 = next(w for w in pre["workers"] if w["rank"] == 0)
+    assert pre["master"] == rank0["ip"]
+    losses = facts.losses
+    assert len(losses) == 8 and losses[-1] < losses[0], losses
+    assert "preflight ok" in proc.stderr and "2 worker(s) on 2 node(s)" in proc.stderr
+
+
+def _wait_for_checkpoint(cli, job_id, step, timeout_s=300):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        facts = cli.facts(job_id)
+        if any(s >= step for s in facts.checkpoints):
+            return facts
+        if facts.error or facts.finished:
+            raise AssertionError(f"job ended before checkpoint {step}: {facts.error or facts.finished}")
+        time.sleep(1.0)
+    raise AssertionError(f"no checkpoint at step >= {step} within {timeout_s} s")
+
+
+def _wait_terminal(cli, job_id, timeout_s=420):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = cli.json("jobs", "status", job_id, timeout=60)
+        if status["state"] in ("succeeded", "failed", "stopped"):
+            return status
+        time.sleep(2.0)
+    raise AssertionError(f"job {job_id} not done within {timeout_s} s")
+
+
+def test_elastic_job_continues_on_one_worker_when_a_node_is_lost(two_nodes, request):
+    request.addfinalizer(lambda: two_nodes.node2_alive() or two_nodes.start_node2())
+    cli, shared = two_nodes.cli, two_nodes.shared_dir
+    probe, ref_probe = shared / "elastic-probe.pt", shared / "reference-probe.pt"
+    flags = ["--workers", "1-2", "--placement", "spread", "--storage", shared, "--checkpoint-every", "2", *BASE]
+    proc = cli("submit", GPT, *flags, "--no-wait", "--json", "--",
+               "--steps", "12", "--step-sleep", "1.5", "--probe-out", probe, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = json.loads(proc.stdout)["id"]
+    facts = _wait_for_checkpoint(cli, job_id, 4)
+    assert facts.started["workers"] == "1-2"
+    assert len({w["ip"] for w in facts.preflight["workers"]}) == 2  # it started on both nodes
+    two_nodes.kill_node2()
+    status = _wait_terminal(cli, job_id)
+    logs = cli("jobs", "logs", job_id, check=True).stdout
+    assert status["state"] == "succeeded", logs[-4000:]
+    facts = cli.facts(job_id)
+    assert facts.restarts >= 1
+    resized = facts.resized[-1]
+    assert resized["workers"] == 1 and resized["grad_accum"] == 4 and resized["train_batch"] == 8, resized
+    restored = re.findall(r"restored step (\d+) from (\S+)", logs)
+    assert restored, logs[-3000:]
+    step, checkpoint = int(restored[-1][0]), restored[-1][1]
+    assert step >= 4 and facts.metrics[-1]["step"] == 12
+    assert "resharding ZeRO state" in logs
+
+    # The same checkpoint continued by a plain 1-worker run gives the same model, bit for bit.
+    ref = cli("submit", GPT, "--workers", "1", "--zero", "3", "--precision", "fp32", "--micro-batch", "2",
+              "--grad-accum", "4", "--storage", shared, "--resume", checkpoint, "--json", "--",
+              "--steps", "12", "--probe-out", ref_probe, timeout=420)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    ref_facts = cli.facts(json.loads(ref.stdout)["id"])
+    assert ref_facts.metrics[-1]["loss"] == facts.metrics[-1]["loss"]
+    assert torch.equal(torch.load(probe)["output"], torch.load(ref_probe)["output"])
