@@ -10,7 +10,7 @@ from rich.table import Table
 
 from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.common import address_option, handle_errors, print_json
-from raytrain.cli.progress import describe_metrics
+from raytrain.cli.progress import describe_metrics, describe_preflight, describe_resize
 from raytrain.targets import make_target
 
 
@@ -73,8 +73,13 @@ def status(job_id, address, as_json, **k8s):
     click.echo(f"started   {_when(info.start_time)}  ({_duration(info.start_time, info.end_time)})")
     if facts and facts.last_metrics:
         click.echo(f"last      {describe_metrics(facts.last_metrics)}")
+    if facts and facts.preflight:
+        for i, line in enumerate(describe_preflight(facts.preflight)):
+            click.echo(f"{'workers' if i == 0 else '':<9} {line.strip()}")
     if facts and facts.restarts:
         click.echo(f"restarts  {facts.restarts}")
+    if facts and facts.resized:
+        click.echo(f"resized   {describe_resize(facts.resized[-1])}")
     if facts and facts.error:
         click.echo(f"error     {facts.error.get('type', '')} {facts.error.get('message', '')}".rstrip())
     elif info.message and info.state.terminal:

@@ -81,4 +81,6 @@ class JobInfo:
             out["checkpoints"] = self.facts.checkpoints
             out["memory"] = {str(rank): event for rank, event in sorted(self.facts.memory.items())}
             out["estimate"] = self.facts.estimate
+            out["preflight"] = self.facts.preflight
+            out["resized"] = self.facts.resized
         return out

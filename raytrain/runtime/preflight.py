@@ -142,9 +142,16 @@ def route_interface(report: dict[str, Any]) -> str | None:
     return None
 
 
-def decide(reports: list[dict[str, Any]], interface: str | None) -> Decision:
+def decide(reports: list[dict[str, Any]], interface: str | None, gpus_per_worker: float = 0) -> Decision:
     """Which interface each worker uses, and what makes the job impossible."""
     decision = Decision()
+    if gpus_per_worker > 0:
+        for rank, r in enumerate(reports):
+            if not r.get("gpus"):
+                decision.problems.append(
+                    f"{_where(rank, r)} was given no GPU although the job asks for {gpus_per_worker:g} per worker "
+                    "(check the node's GPU resources: `raytrain gpus`)"
+                )
     if interface:
         for ranks, r in _by_node(reports):
             names = sorted(n for n, a in r["interfaces"].items() if a)
@@ -161,6 +168,8 @@ def decide(reports: list[dict[str, Any]], interface: str | None) -> Decision:
         if not decision.problems:
             decision.interface = {rank: interface for rank in range(len(reports))}
             decision.reason = "--interface"
+        return decision
+    if decision.problems:
         return decision
     if any(r.get("env") for r in reports):
         decision.reason = "set by the job's environment"
@@ -191,7 +200,8 @@ def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
     started = time.monotonic()
     master_addr, _ = worker_group.execute_single(0, get_address_and_port)
     reports = worker_group.execute(describe, master_addr)
-    decision = decide(reports, interface)
+    gpus = float(worker_group.get_resources_per_worker().get("GPU", 0) or 0)
+    decision = decide(reports, interface, gpus)
     if decision.problems:
         raise PreflightError("preflight: " + "; ".join(decision.problems))
     port = worker_group.execute_single(0, listen, master_addr, CONNECT_TIMEOUT_S * 3)

@@ -2,6 +2,9 @@
 namespace, joined over a veth pair, 1 CPU each): placement, preflight, shared storage, elastic recovery."""
 import json
 import re
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -12,6 +15,7 @@ from tests.conftest import JOBS
 pytestmark = pytest.mark.multinode
 
 GPT = JOBS / "gpt_zero.py"
+SUBMITTED = re.compile(r"raytrain: submitted (\S+) to")
 BASE = ["--zero", "3", "--precision", "fp32", "--micro-batch", "2", "--grad-accum", "2"]
 
 
@@ -77,32 +81,44 @@ def _wait_for_checkpoint(cli, job_id, step, timeout_s=300):
     raise AssertionError(f"no checkpoint at step >= {step} within {timeout_s} s")
 
 
-def _wait_terminal(cli, job_id, timeout_s=420):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = cli.json("jobs", "status", job_id, timeout=60)
-        if status["state"] in ("succeeded", "failed", "stopped"):
-            return status
-        time.sleep(2.0)
-    raise AssertionError(f"job {job_id} not done within {timeout_s} s")
-
-
 def test_elastic_job_continues_on_one_worker_when_a_node_is_lost(two_nodes, request):
     request.addfinalizer(lambda: two_nodes.node2_alive() or two_nodes.start_node2())
     cli, shared = two_nodes.cli, two_nodes.shared_dir
     probe, ref_probe = shared / "elastic-probe.pt", shared / "reference-probe.pt"
     flags = ["--workers", "1-2", "--placement", "spread", "--storage", shared, "--checkpoint-every", "2", *BASE]
-    proc = cli("submit", GPT, *flags, "--no-wait", "--json", "--",
-               "--steps", "12", "--step-sleep", "1.5", "--probe-out", probe, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id = json.loads(proc.stdout)["id"]
+    # The user's view: `raytrain submit` following the job in the terminal.
+    submit_proc = subprocess.Popen(
+        [sys.executable, "-m", "raytrain.cli.main", "submit", GPT, *map(str, flags), "--",
+         "--steps", "12", "--step-sleep", "1.5", "--probe-out", str(probe)],
+        env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+    )
+    request.addfinalizer(lambda: submit_proc.poll() is not None or submit_proc.kill())
+    lines: list[str] = []
+
+    def read():
+        for line in submit_proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not (job_id := next((m.group(1) for m in map(SUBMITTED.search, list(lines)) if m), None)):
+        assert time.monotonic() < deadline and submit_proc.poll() is None, "".join(lines)
+        time.sleep(0.5)
     facts = _wait_for_checkpoint(cli, job_id, 4)
     assert facts.started["workers"] == "1-2"
     assert len({w["ip"] for w in facts.preflight["workers"]}) == 2  # it started on both nodes
     two_nodes.kill_node2()
-    status = _wait_terminal(cli, job_id)
+    killed = time.monotonic()
+    assert submit_proc.wait(timeout=420) == 0, "".join(lines)[-4000:]
+    reader.join(timeout=10)
+    terminal = "".join(lines)
+    print(f"\nelastic: job finished {time.monotonic() - killed:.0f} s after node 2 was killed")
+    assert "raytrain: workers restarting" in terminal
+    assert "elastic: running on 1 worker(s) (range 1-2); grad-accum 4 (planned 2 on 2) keeps the global batch 8" in terminal
     logs = cli("jobs", "logs", job_id, check=True).stdout
-    assert status["state"] == "succeeded", logs[-4000:]
+    status = cli("jobs", "status", job_id, check=True).stdout
+    assert "resized" in status and "elastic: running on 1 worker(s)" in status
     facts = cli.facts(job_id)
     assert facts.restarts >= 1
     resized = facts.resized[-1]

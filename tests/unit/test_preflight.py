@@ -91,3 +91,10 @@ def test_terminal_lines():
     resize = describe_resize({"workers": 1, "range": "1-2", "grad_accum": 8, "planned_grad_accum": 4,
                               "planned_workers": 2, "train_batch": 32})
     assert "1 worker(s)" in resize and "grad-accum 8 (planned 4 on 2)" in resize and "global batch 32" in resize
+
+
+def test_a_gpu_job_whose_worker_got_no_gpu_is_refused_naming_it():
+    with_gpu = {**NODE2, "gpus": ["0"]}
+    d = decide([with_gpu, HEAD], None, gpus_per_worker=1)
+    assert len(d.problems) == 1 and "rank 1 on head (10.1.0.1) was given no GPU" in d.problems[0]
+    assert decide([with_gpu], None, gpus_per_worker=1).problems == []
