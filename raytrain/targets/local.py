@@ -4,7 +4,6 @@ from __future__ import annotations
 import sys
 
 from raytrain import paths
-from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError
 from raytrain.targets import local_cluster
 from raytrain.targets.base import JobHandle, Request

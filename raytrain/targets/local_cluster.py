@@ -11,16 +11,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raytrain import paths
 from raytrain.errors import ClusterError
+from raytrain.targets import ray_process
 from raytrain.targets.dashboard import Dashboard, token_headers
 
 DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
@@ -50,13 +47,7 @@ class LocalCluster:
         return Dashboard(self.dashboard_url, token_headers(self.token))
 
     def process_alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return ray_process.pid_alive(self.pid)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,36 +66,9 @@ def _token_path() -> Path:
     return path
 
 
-def _temp_dir() -> Path:
-    # Ray's unix socket paths must stay short (< 108 bytes): keep the temp dir out of deep folders.
-    override = os.environ.get("RAYTRAIN_RAY_TEMP_DIR")
-    return Path(override) if override else Path(f"/tmp/raytrain-{os.getuid()}")
-
-
-def _ray_executable() -> str:
-    candidate = Path(sys.executable).with_name("ray")
-    return str(candidate) if candidate.exists() else (shutil.which("ray") or "ray")
-
-
 def current() -> LocalCluster | None:
     """The running embedded cluster, or None (a stale record is removed)."""
-    record = _record_path()
-    if not record.is_file():
-        return None
-    try:
-        cluster = LocalCluster(**json.loads(record.read_text()))
-    except (ValueError, TypeError):
-        record.unlink(missing_ok=True)
-        return None
-    if not cluster.process_alive():
-        record.unlink(missing_ok=True)
-        return None
-    return cluster
-
-
-def _clear_stale_ray_state(temp_dir: Path) -> None:
-    # After a stop, <temp>/ray_current_cluster makes the next ray.init() think a cluster is running.
-    (temp_dir / "ray_current_cluster").unlink(missing_ok=True)
+    return ray_process.load_record(_record_path(), LocalCluster)
 
 
 def up(
@@ -134,13 +98,10 @@ def up(
             f"this RAYTRAIN_HOME runs a node joined to {joined.gcs_address} (raytrain cluster join); "
             "`raytrain cluster down` first"
         )
-    temp_dir = _temp_dir()
-    temp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _clear_stale_ray_state(temp_dir)
+    temp_dir = ray_process.prepare_temp_dir()
     token_path = _token_path()
     log_path = paths.home() / "cluster.log"
     cmd = [
-        _ray_executable(),
         "start",
         "--head",
         "--block",
@@ -160,18 +121,7 @@ def up(
             f"--dashboard-agent-listen-port={52365 + offset % 10000}",
         ]
     cmd += ray_node.start_flags(num_cpus, num_gpus, node_ip, resources)
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(token_path),
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    env.pop("RAY_AUTH_TOKEN", None)
-    env.pop("RAY_ADDRESS", None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
+    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
     cluster = LocalCluster(
         pid=proc.pid,
         dashboard_url=f"http://127.0.0.1:{dashboard_port}",
@@ -189,7 +139,7 @@ def up(
     dashboard = cluster.dashboard()
     while True:
         if proc.poll() is not None:
-            tail = ray_node.log_tail(log_path)
+            tail = ray_process.log_tail(log_path)
             raise ClusterError(f"`ray start --head` exited with {proc.returncode}; its log ({log_path}):\n{tail}")
         try:
             dashboard.get("/api/version", timeout=2)
@@ -199,35 +149,11 @@ def up(
         except ClusterError:
             pass
         if time.monotonic() > deadline:
-            _terminate(proc.pid)
+            ray_process.terminate(proc.pid)
             raise ClusterError(f"the local Ray cluster did not come up within {timeout_s:.0f} s; see {log_path}")
         time.sleep(0.5)
     _record_path().write_text(json.dumps(cluster.to_dict(), indent=2))
     return cluster, True
-
-
-def _terminate(pid: int, grace_s: float = 30.0) -> None:
-    """SIGTERM ``ray start --block`` (it stops every process it started), SIGKILL the group if needed."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return
-        except ChildProcessError:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-        time.sleep(0.2)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def down() -> LocalCluster | None:
@@ -235,7 +161,5 @@ def down() -> LocalCluster | None:
     cluster = current()
     if cluster is None:
         return None
-    _terminate(cluster.pid)
-    _clear_stale_ray_state(Path(cluster.temp_dir))
-    _record_path().unlink(missing_ok=True)
+    ray_process.stop(cluster.pid, cluster.temp_dir, _record_path())
     return cluster

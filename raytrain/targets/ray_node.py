@@ -12,13 +12,13 @@ import ipaddress
 import json
 import os
 import socket
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raytrain import paths
 from raytrain.errors import ClusterError, ConfigError
+from raytrain.targets import ray_process
 
 JOIN_TIMEOUT_S = float(os.environ.get("RAYTRAIN_JOIN_TIMEOUT_S", 90))
 STARTED_MARK = "Ray runtime started."
@@ -75,11 +75,7 @@ def start_flags(num_cpus, num_gpus, node_ip, resources) -> list[str]:
     return flags
 
 
-def log_tail(path: str | Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+log_tail = ray_process.log_tail
 
 
 @dataclass
@@ -96,13 +92,7 @@ class WorkerNode:
     resources: dict | None = None
 
     def process_alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return ray_process.pid_alive(self.pid)
 
 
 def _record_path() -> Path:
@@ -111,18 +101,7 @@ def _record_path() -> Path:
 
 def current() -> WorkerNode | None:
     """The worker node this RAYTRAIN_HOME joined, or None (a stale record is removed)."""
-    record = _record_path()
-    if not record.is_file():
-        return None
-    try:
-        node = WorkerNode(**json.loads(record.read_text()))
-    except (ValueError, TypeError):
-        record.unlink(missing_ok=True)
-        return None
-    if not node.process_alive():
-        record.unlink(missing_ok=True)
-        return None
-    return node
+    return ray_process.load_record(_record_path(), WorkerNode)
 
 
 def _copy_token(token_file: str) -> Path:
@@ -168,12 +147,9 @@ def join(
     if not sep or not host or not port.isdigit():
         raise ConfigError(f"GCS address {gcs_address!r}: expected HOST:PORT (as `raytrain cluster up` prints)")
     token_path = _copy_token(token_file)
-    temp_dir = local_cluster._temp_dir()
-    temp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    local_cluster._clear_stale_ray_state(temp_dir)
+    temp_dir = ray_process.prepare_temp_dir()
     log_path = paths.home() / "node.log"
     cmd = [
-        local_cluster._ray_executable(),
         "start",
         f"--address={gcs_address}",
         "--block",
@@ -181,18 +157,7 @@ def join(
         "--disable-usage-stats",
         *start_flags(num_cpus, num_gpus, node_ip, resources),
     ]
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(token_path),
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    for key in ("RAY_AUTH_TOKEN", "RAY_ADDRESS"):
-        env.pop(key, None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
+    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
     node = WorkerNode(
         pid=proc.pid,
         gcs_address=gcs_address,
@@ -217,7 +182,7 @@ def join(
                 + tail
             )
         if time.monotonic() > deadline:
-            local_cluster._terminate(proc.pid, grace_s=5.0)  # not started: it may not heed SIGTERM
+            ray_process.terminate(proc.pid, grace_s=5.0)  # not started: it may not heed SIGTERM
             raise ClusterError(
                 f"the node did not register with the head at {gcs_address} within {timeout_s:.0f} s "
                 f"(is the GCS port reachable from here, and the token the head's?); its log ({log_path}):\n"
@@ -230,14 +195,10 @@ def join(
 
 def down() -> WorkerNode | None:
     """Stop the joined worker node; returns what was stopped (None if nothing ran)."""
-    from raytrain.targets import local_cluster
-
     node = current()
     if node is None:
         return None
-    local_cluster._terminate(node.pid)
-    local_cluster._clear_stale_ray_state(Path(node.temp_dir))
-    _record_path().unlink(missing_ok=True)
+    ray_process.stop(node.pid, node.temp_dir, _record_path())
     return node
 
 
