@@ -37,6 +37,17 @@ def test_an_interface_that_does_not_exist_fails_in_seconds_naming_it(two_nodes):
     assert took < 150, took
 
 
+def test_an_interface_that_cannot_reach_rank_0_fails_naming_the_node(two_nodes):
+    # lo exists on both nodes, but from node 2 it cannot reach the head: the probe connection fails.
+    proc = submit(two_nodes.cli, ["--workers", "2", "--placement", "spread", "--interface", "lo", *BASE],
+                  ["--steps", "2"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = next(line for line in proc.stderr.splitlines() if "raytrain: error" in line)
+    failing = re.findall(r"rank \d on \S+ \((10\.213\.0\.\d)\) cannot reach rank 0 at (10\.213\.0\.\d):\d+ via lo", line)
+    # Exactly the node that is not rank 0's is named (rank 0's node reaches its own address over lo).
+    assert len(failing) == 1 and failing[0][0] != failing[0][1], line
+
+
 def test_node_local_storage_is_refused_before_any_worker_starts(two_nodes):
     storage = two_nodes.node_local_dir / "runs"
     t0 = time.monotonic()
