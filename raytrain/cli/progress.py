@@ -149,6 +149,12 @@ class ProgressPrinter:
                 markup=False,
                 highlight=False,
             )
+            if (event.get("storage_nodes") or 0) > 1:
+                self.console.print(
+                    f"raytrain: storage {event.get('storage')}: every node ({event['storage_nodes']}) wrote a "
+                    "marker the driver read back (shared)",
+                    markup=False, highlight=False, soft_wrap=True,
+                )
         elif kind == events.RESTARTING:
             self.console.print(f"raytrain: workers restarting: {event.get('reason', '')}", markup=False)
         elif kind == events.PREFLIGHT:

@@ -57,7 +57,7 @@ class TrainContext:
         self.train_batch: int = int(plan.get("train_batch") or self.config["train_batch_size"])
         parallel = plan.get("parallel") or {"dp": world_size, "tp": 1, "pp": 1}
         scaling = plan.get("scaling") or {}
-        if scaling.get("min_workers") is not None and world_size != int(parallel.get("dp", world_size)):
+        if scaling.get("min_workers") is not None:
             # Elastic (--workers MIN-MAX, data parallel only): Ray Train chose this many workers; keep the
             # global batch by changing gradient accumulation.
             from raytrain.config.elastic import rescale
@@ -65,7 +65,9 @@ class TrainContext:
             planned_accum = self.grad_accum
             self.config, self.grad_accum = rescale(self.config, train_batch=self.train_batch, dp=world_size)
             parallel = {"dp": world_size, "tp": 1, "pp": 1}
-            if rank == 0:
+            saved = _saved_world_size(restore_from)
+            if rank == 0 and (world_size != scaling["num_workers"] or saved not in (None, world_size)):
+                # Smaller than planned, or grown back from a smaller checkpoint: say so.
                 events.emit(
                     events.RESIZED,
                     workers=world_size,
@@ -341,6 +343,17 @@ class TrainContext:
         if self.monitor is not None:
             self.monitor.stop()
             self._memory_event(final=True)
+
+
+def _saved_world_size(restore_from: str | None) -> int | None:
+    if not restore_from:
+        return None
+    from raytrain.runtime import checkpoint
+
+    try:
+        return checkpoint.saved_world_size(restore_from)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def make_context(plan: dict[str, Any], *, restore_from: str | None, checkpoint_every: int) -> TrainContext:

@@ -103,11 +103,14 @@ def main() -> int:
         return EXIT_CANNOT_RUN
 
     storage = plan.get("storage")
+    storage_nodes = None  # how many nodes were shown to share --storage (None: not checked)
     if storage:
         from raytrain.storage import is_uri, probe_visibility, storage_problem
 
         if not is_uri(storage):
-            problem = storage_problem(storage, probe_visibility(storage, f".raytrain-storage-check-{run_name}"))
+            visibility = probe_visibility(storage, f".raytrain-storage-check-{run_name}")
+            storage_nodes = len(visibility)
+            problem = storage_problem(storage, visibility)
             if problem:
                 emit(events.INVALID, message=problem)
                 return EXIT_CANNOT_RUN
@@ -135,6 +138,7 @@ def main() -> int:
         name=plan["name"],
         run=run_name,
         storage=plan.get("storage"),
+        storage_nodes=storage_nodes,
         workers=f"{min_workers}-{scaling['num_workers']}" if elastic else scaling["num_workers"],
         use_gpu=scaling["use_gpu"],
         zero=plan["zero"],

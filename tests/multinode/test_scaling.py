@@ -78,6 +78,8 @@ def test_spread_puts_one_worker_on_each_node_and_trains(two_nodes):
     losses = facts.losses
     assert len(losses) == 8 and losses[-1] < losses[0], losses
     assert "preflight ok" in proc.stderr and "2 worker(s) on 2 node(s)" in proc.stderr
+    assert facts.started["storage_nodes"] == 2  # the shared folder passed the marker check on both nodes
+    assert "every node (2) wrote a marker the driver read back" in proc.stderr
 
 
 def _wait_for_checkpoint(cli, job_id, step, timeout_s=300):

@@ -93,3 +93,19 @@ def test_elastic_needs_a_train_ctx_job():
     with pytest.raises(ConfigError) as err:
         plan(job=str(script), workers="1-2")
     assert err.value.flag == "--workers" and "script mode" in str(err.value)
+
+
+def test_the_worker_context_keeps_the_global_batch_and_says_so(capsys):
+    from raytrain.events import RESIZED, parse_line
+    from raytrain.runtime.context import TrainContext
+
+    p = plan(workers="1-2", micro_batch=2, grad_accum=2).to_dict()
+    ctx = TrainContext(p, rank=0, local_rank=0, world_size=1, device="cpu")
+    assert (ctx.grad_accum, ctx.dp, ctx.dp_size, ctx.train_batch) == (4, 1, 1, 8)
+    assert ctx.config["gradient_accumulation_steps"] == 4 and ctx.config["train_batch_size"] == 8
+    events = [parse_line(line) for line in capsys.readouterr().out.splitlines()]
+    resized = [e for e in events if e and e["event"] == RESIZED]
+    assert resized == [{"event": RESIZED, "workers": 1, "range": "1-2", "planned_workers": 2, "grad_accum": 4,
+                        "planned_grad_accum": 2, "train_batch": 8}]
+    full = TrainContext(p, rank=0, local_rank=0, world_size=2, device="cpu")  # the planned size: nothing to say
+    assert full.grad_accum == 2 and "resized" not in capsys.readouterr().out
