@@ -2,6 +2,7 @@
 namespace, joined over a veth pair, 1 CPU each): placement, preflight, shared storage, elastic recovery."""
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -57,6 +58,7 @@ def test_node_local_storage_is_refused_before_any_worker_starts(two_nodes):
     assert f"--storage {storage} is node-local" in proc.stderr and "10.213.0.2" in proc.stderr
     assert time.monotonic() - t0 < 90
     assert not [p for p in storage.iterdir() if p.name.startswith(".raytrain-storage-check")]
+    shutil.rmtree(storage)
 
 
 def test_spread_puts_one_worker_on_each_node_and_trains(two_nodes):
