@@ -38,8 +38,8 @@ def capacity_problem(
     elastic = min_workers is not None and min_workers < num_workers
     if slots >= (min_workers if elastic else num_workers):
         return None
+    each = " + ".join(f"{v:g} {k}" for k, v in per_worker.items() if v > 0)
     if elastic:
-        each = " + ".join(f"{v:g} {k}" for k, v in per_worker.items() if v > 0)
         return (
             f"--workers {min_workers}-{num_workers} x ({each}) needs room for at least {min_workers} worker(s); "
             f"the cluster has room for {slots}: use --workers {max(1, slots)}-{num_workers}"
@@ -49,7 +49,6 @@ def capacity_problem(
     cpus = sum(n.resources.get("CPU", 0.0) for n in alive)
     gpus = sum(n.resources.get("GPU", 0.0) for n in alive)
     need = ", ".join(f"{v * num_workers:g} {k}" for k, v in per_worker.items() if v > 0)
-    each = " + ".join(f"{v:g} {k}" for k, v in per_worker.items() if v > 0)
     if slots == 0:
         if per_worker.get("GPU", 0) > 0 and gpus == 0:
             hint = "the cluster has no GPU: use --gpus-per-worker 0 (CPU workers) or a cluster with GPUs"

@@ -78,14 +78,10 @@ def marker(directory: str) -> dict:
     return json.loads((Path(directory) / MARKER.format(rank=0)).read_text())
 
 
-def saved_world_size(directory: str) -> int:
-    return int(marker(directory)["world_size"])
-
-
-def needs_reshard(directory: str, *, world_size: int, zero: int) -> bool:
+def needs_reshard(saved_world_size: int, *, world_size: int, zero: int) -> bool:
     """A ZeRO checkpoint saved by a different number of workers: its optimizer shards must be re-cut
     (DeepSpeed universal checkpoint). Stage 0 keeps whole optimizer state on every rank: no re-cut."""
-    return zero >= 1 and saved_world_size(directory) != world_size
+    return zero >= 1 and saved_world_size != world_size
 
 
 def to_universal(directory: str, tag: str, *, local_rank: int) -> str:
@@ -127,20 +123,20 @@ def load(engine: Any, directory: str, *, rank: int, world_size: int, universal: 
     import torch
 
     d = Path(directory)
-    marker = json.loads((d / MARKER.format(rank=0)).read_text())
-    if marker["world_size"] != world_size and universal is None and not _whole_state(engine):
+    saved = marker(directory)
+    if saved["world_size"] != world_size and universal is None and not _whole_state(engine):
         raise RuntimeError(
-            f"raytrain: checkpoint {directory} was saved by {marker['world_size']} workers; this run has "
-            f"{world_size}: resume with --workers {marker['world_size']}"
+            f"raytrain: checkpoint {directory} was saved by {saved['world_size']} workers; this run has "
+            f"{world_size}: resume with --workers {saved['world_size']}"
         )
     engine.load_checkpoint(
-        universal or str(d), tag=marker["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
+        universal or str(d), tag=saved["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
     )
     state_path = d / STATE_FILE.format(rank=rank)
     state = torch.load(state_path, weights_only=False) if state_path.exists() else {}
     if state.get("rng"):
         _set_rng_state(state["rng"])
-    return int(marker["step"]), dict(state.get("user_state") or {})
+    return int(saved["step"]), dict(state.get("user_state") or {})
 
 
 def _whole_state(engine: Any) -> bool:

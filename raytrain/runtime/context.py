@@ -56,6 +56,8 @@ class TrainContext:
         self.grad_accum: int = self.config["gradient_accumulation_steps"]
         self.train_batch: int = int(plan.get("train_batch") or self.config["train_batch_size"])
         parallel = plan.get("parallel") or {"dp": world_size, "tp": 1, "pp": 1}
+        # Rank 0's marker of the checkpoint this run continues from (world size, tag), read once.
+        self._restore_marker = _restore_marker(restore_from)
         scaling = plan.get("scaling") or {}
         if scaling.get("min_workers") is not None:
             # Elastic (--workers MIN-MAX, data parallel only): Ray Train chose this many workers; keep the
@@ -65,7 +67,7 @@ class TrainContext:
             planned_accum = self.grad_accum
             self.config, self.grad_accum = rescale(self.config, train_batch=self.train_batch, dp=world_size)
             parallel = {"dp": world_size, "tp": 1, "pp": 1}
-            saved = _saved_world_size(restore_from)
+            saved = self._restore_marker["world_size"] if self._restore_marker else None
             if rank == 0 and (world_size != scaling["num_workers"] or saved not in (None, world_size)):
                 # Smaller than planned, or grown back from a smaller checkpoint: say so.
                 events.emit(
@@ -197,16 +199,17 @@ class TrainContext:
         if self.tp > 1:
             self._prepare_tp(model, config)
         self._universal = None
-        if self._restore_from and self.tp == 1 and self.pp == 1:
+        saved = self._restore_marker
+        if saved and self.tp == 1 and self.pp == 1:
             from raytrain.runtime import checkpoint
 
             zero = int((config.get("zero_optimization") or {}).get("stage", 0))
-            if checkpoint.needs_reshard(self._restore_from, world_size=self.world_size, zero=zero):
-                saved = checkpoint.saved_world_size(self._restore_from)
-                self.log(f"raytrain: checkpoint saved by {saved} worker(s), this run has {self.world_size}: "
-                         "resharding ZeRO state (DeepSpeed universal checkpoint)")
-                tag = checkpoint.marker(self._restore_from)["tag"]
-                self._universal = checkpoint.to_universal(self._restore_from, tag, local_rank=self.local_rank)
+            if checkpoint.needs_reshard(saved["world_size"], world_size=self.world_size, zero=zero):
+                self.log(f"raytrain: checkpoint saved by {saved['world_size']} worker(s), this run has "
+                         f"{self.world_size}: resharding ZeRO state (DeepSpeed universal checkpoint)")
+                self._universal = checkpoint.to_universal(
+                    self._restore_from, saved["tag"], local_rank=self.local_rank
+                )
                 config.setdefault("checkpoint", {})["load_universal"] = True
         self.engine = build_engine(
             model,
@@ -345,14 +348,16 @@ class TrainContext:
             self._memory_event(final=True)
 
 
-def _saved_world_size(restore_from: str | None) -> int | None:
+def _restore_marker(restore_from: str | None) -> dict[str, Any] | None:
+    """The restore point's rank-0 marker, or None (nothing to restore, or unreadable: checkpoint.load then
+    fails with the reason)."""
     if not restore_from:
         return None
     from raytrain.runtime import checkpoint
 
     try:
-        return checkpoint.saved_world_size(restore_from)
-    except (OSError, ValueError, KeyError):
+        return checkpoint.marker(restore_from)
+    except (OSError, ValueError):
         return None
 
 

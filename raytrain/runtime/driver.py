@@ -13,6 +13,7 @@ import traceback
 
 from raytrain import events
 from raytrain.capacity import Node, capacity_problem
+from raytrain.config.plan import Scaling
 from raytrain.events import emit
 
 EXIT_TRAINING_FAILED = 1
@@ -92,11 +93,9 @@ def main() -> int:
     import ray
 
     ray.init(log_to_driver=True)
-    scaling = plan["scaling"]
-    min_workers = scaling.get("min_workers")
-    elastic = min_workers is not None and min_workers < scaling["num_workers"]
+    scaling = Scaling(**plan["scaling"])
     problem = capacity_problem(
-        scaling["num_workers"], scaling["resources_per_worker"], cluster_nodes(), min_workers
+        scaling.num_workers, scaling.resources_per_worker, cluster_nodes(), scaling.min_workers
     )
     if problem:
         emit(events.CAPACITY, message=problem)
@@ -139,8 +138,8 @@ def main() -> int:
         run=run_name,
         storage=plan.get("storage"),
         storage_nodes=storage_nodes,
-        workers=f"{min_workers}-{scaling['num_workers']}" if elastic else scaling["num_workers"],
-        use_gpu=scaling["use_gpu"],
+        workers=scaling.workers_label if scaling.elastic else scaling.num_workers,
+        use_gpu=scaling.use_gpu,
         zero=plan["zero"],
         precision=plan["precision"],
         train_batch=plan["train_batch"],
@@ -153,10 +152,10 @@ def main() -> int:
         train_loop_config={"plan": plan, "resume_from": resume_from},
         torch_config=torch_config(timeout_s=float(plan.get("timeout_s") or 600), interface=plan.get("interface")),
         scaling_config=ScalingConfig(
-            num_workers=(min_workers, scaling["num_workers"]) if elastic else scaling["num_workers"],
-            use_gpu=scaling["use_gpu"],
-            resources_per_worker=scaling["resources_per_worker"],
-            placement_strategy=scaling.get("placement_strategy", "PACK"),
+            num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=scaling.resources_per_worker,
+            placement_strategy=scaling.placement_strategy,
         ),
         run_config=RunConfig(
             name=run_name,

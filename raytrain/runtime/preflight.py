@@ -195,6 +195,7 @@ def decide(reports: list[dict[str, Any]], interface: str | None, gpus_per_worker
 # -- the Ray Train backend ------------------------------------------------------------------------------
 def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
     """Probe the started worker group; set the interface variables; raise PreflightError naming problems."""
+    import ray
     from ray.train._internal.utils import get_address_and_port
 
     started = time.monotonic()
@@ -210,8 +211,6 @@ def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
         worker_group.execute_single_async(rank, connect, master_addr, port, decision.source_ip(rank, r))
         for rank, r in enumerate(reports)
     ]
-    import ray
-
     for rank, (r, error) in enumerate(zip(reports, ray.get(refs))):
         if error:
             via = f" via {decision.interface[rank]}" if rank in decision.interface else ""
@@ -219,9 +218,10 @@ def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
     if failures:
         hint = "" if interface else " (name the interface that connects the nodes with --interface)"
         raise PreflightError("preflight: " + "; ".join(failures) + hint)
-    for rank in decision.interface:
-        env = {k: decision.interface[rank] for k in IFNAME_VARS}
-        worker_group.execute_single(rank, set_env, env)
+    ray.get([
+        worker_group.execute_single_async(rank, set_env, {k: name for k in IFNAME_VARS})
+        for rank, name in decision.interface.items()
+    ])
     return {
         "master": master_addr,
         "interface": decision.interface.get(0),
@@ -237,8 +237,6 @@ def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
 
 def torch_config(*, timeout_s: float, interface: str | None) -> Any:
     """A TorchConfig whose backend runs the preflight before setting up the process group."""
-    from dataclasses import dataclass as _dataclass
-
     from ray.train.torch import TorchConfig
     from ray.train.torch.config import _TorchBackend
 
@@ -250,7 +248,7 @@ def torch_config(*, timeout_s: float, interface: str | None) -> Any:
             events.emit(events.PREFLIGHT, **summary)
             super().on_start(worker_group, backend_config)
 
-    @_dataclass
+    @dataclass
     class PreflightTorchConfig(TorchConfig):
         interface: str | None = None
 
