@@ -284,7 +284,10 @@ class TrainContext:
 
     # -- reporting and checkpoints ----------------------------------------------------------------
     def report(self, metrics: dict[str, Any], *, checkpoint: bool | None = None) -> None:
-        """Report metrics after an optimizer step: to Ray Train (every rank) and to the terminal (rank 0).
+        """Report metrics after an optimizer step: to the job's event log (rank 0), which progress, ``jobs
+        status`` and trackers read. A metrics-only report costs the step microseconds: it never waits for Ray
+        Train (whose ``ray.train.report`` blocks until the controller polls the workers); only a report that
+        carries a checkpoint goes through Ray Train, and waits for it.
 
         ``step`` defaults to the engine's global step; ``samples_per_s`` and ``step_time_s`` are derived
         from the global batch. A checkpoint is saved every ``--checkpoint-every`` steps, or when
@@ -314,14 +317,14 @@ class TrainContext:
         if self.is_main:
             events.emit(events.METRICS, **clean)
         self._memory_event()
-        self._report(clean, checkpoint and self.engine is not None)
+        if checkpoint and self.engine is not None:
+            self._save_checkpoint(clean)
 
-    def _report(self, metrics: dict[str, Any], with_checkpoint: bool) -> None:
+    def _save_checkpoint(self, metrics: dict[str, Any]) -> None:
+        """Every rank saves its shard and reports it to Ray Train with the step's metrics (Ray Train keeps
+        the latest for restarts and ``Result.metrics``)."""
         import ray.train
 
-        if not with_checkpoint:
-            ray.train.report(metrics)
-            return
         from raytrain.runtime import checkpoint
 
         step = int(metrics["step"])
@@ -342,7 +345,7 @@ class TrainContext:
         every worker's peak memory."""
         if self.checkpoint_every and self.engine is not None and self._last_metrics:
             if self._last_checkpoint_step != int(self._last_metrics["step"]):
-                self._report(dict(self._last_metrics), True)
+                self._save_checkpoint(dict(self._last_metrics))
         if self.monitor is not None:
             self.monitor.stop()
             self._memory_event(final=True)

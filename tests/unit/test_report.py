@@ -1,0 +1,47 @@
+"""ctx.report on the training path: metrics go to the job's event log and never wait for Ray Train (issue 18).
+
+``ray.train.report`` blocks until Ray Train's controller polls the workers (half the health-check interval on
+average, every step); only a report that carries a checkpoint may take that path.
+"""
+import pytest
+import torch
+
+from raytrain.config import Options, resolve
+from raytrain.events import METRICS, parse_line
+from raytrain.runtime.context import TrainContext
+from tests.conftest import JOBS
+
+
+@pytest.fixture
+def no_ray_train_report(monkeypatch):
+    """Record every ray.train.report call (the real one, outside a Ray Train run, would raise)."""
+    import ray.train
+
+    calls = []
+    monkeypatch.setattr(ray.train, "report", lambda *a, **kw: calls.append((a, kw)))
+    return calls
+
+
+def make_ctx(checkpoint_every=0):
+    plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=1)).to_dict()
+    return TrainContext(plan, rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
+                        checkpoint_every=checkpoint_every)
+
+
+def test_metrics_reports_go_to_the_event_log_not_to_ray_train(no_ray_train_report, capsys):
+    ctx = make_ctx()
+    for step in range(1, 201):
+        ctx.report({"step": step, "loss": torch.tensor(1.0 / step)})
+    assert no_ray_train_report == []
+    metrics = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
+    assert [m["step"] for m in metrics] == list(range(1, 201))
+    assert metrics[-1]["loss"] == pytest.approx(1 / 200)  # tensors become floats
+    assert {"samples_per_s", "step_time_s", "elapsed_s", "wall_time"} <= set(metrics[-1])
+
+
+def test_checkpoint_steps_without_an_engine_do_not_call_ray_train(no_ray_train_report, capsys):
+    ctx = make_ctx(checkpoint_every=2)
+    ctx.report({"step": 2, "loss": 1.0})  # a checkpoint step, but no engine yet: nothing to save
+    ctx.report({"step": 3, "loss": 1.0}, checkpoint=True)
+    assert no_ray_train_report == []
+
