@@ -23,6 +23,7 @@ MEMORY = "memory"  # every rank, every ~10 s and at the end: peak GPU memory (NV
 ESTIMATE = "estimate"  # rank 0: the planner's per-GPU memory estimate for this model and config
 PREFLIGHT = "preflight"  # controller: where each worker runs and the network interface it uses
 RESIZED = "resized"  # rank 0: an elastic job runs with a different number of workers (grad-accum adjusted)
+TIMING = "timing"  # any side: a start-up phase reached (raytrain.timings), with its wall-clock time
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 
@@ -64,6 +65,7 @@ class JobFacts:
     estimate: dict | None = None
     preflight: dict | None = None  # the latest (each worker-group start runs one)
     resized: list[dict] = field(default_factory=list)
+    timings: list[dict] = field(default_factory=list)  # raytrain.timings reduces them
     finished: dict | None = None
     error: dict | None = None
 
@@ -93,6 +95,8 @@ class JobFacts:
             self.preflight = event
         elif kind == RESIZED:
             self.resized.append(event)
+        elif kind == TIMING:
+            self.timings.append(event)
         elif kind == FINISHED:
             self.finished = event
         elif kind in (ERROR, CAPACITY, INVALID):

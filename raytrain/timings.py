@@ -1,0 +1,142 @@
+"""Where the time goes from the command's start to step 1: named phases, kept as events in the job's log.
+
+Every side marks the phases it sees with a wall-clock time: the client (command start, request built,
+submitted; carried to the driver in ``$RAYTRAIN_CLIENT_TIMINGS``), the driver, Ray Train's controller
+(the worker group, preflight, the process group) and every worker (process start, imports, engine, first
+step). ``timeline`` reduces them, with the Ray job's own acceptance time, to one ordered table that
+``jobs status --timings`` and the benchmarks print. Stdlib only: the CLI, the driver and the workers use it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+ENV = "RAYTRAIN_CLIENT_TIMINGS"
+
+# (phase, who marks it, what it means), in the order a submission passes them.
+PHASES: list[tuple[str, str, str]] = [
+    ("command", "client", "the raytrain command started"),
+    ("request_built", "client", "options resolved, request built (dry run)"),
+    ("submitted", "client", "cluster ready and checked; request sent"),
+    ("job_accepted", "ray", "the Ray job was created"),
+    ("driver_started", "driver", "the driver process started (runtime env ready)"),
+    ("driver_ready", "driver", "driver imports, ray.init and cluster checks done"),
+    ("workers_started", "controller", "placement group ready, worker processes up"),
+    ("preflight", "controller", "every worker can reach rank 0"),
+    ("process_group", "controller", "torch.distributed process group formed"),
+    ("worker_process", "worker", "a worker process started"),
+    ("train_fn", "worker", "the train function started on a worker"),
+    ("imports", "worker", "torch and deepspeed imported"),
+    ("engine_built", "worker", "DeepSpeed engine built (and restored)"),
+    ("first_step", "worker", "step 1 reported"),
+]
+ORDER = {name: i for i, (name, _, _) in enumerate(PHASES)}
+MEANING = {name: meaning for name, _, meaning in PHASES}
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """Wall-clock start of a process (Linux /proc), or None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+# The client's marks in this process (the CLI marks "command"; api marks the rest).
+_client: dict[str, float] = {}
+
+
+def mark(phase: str, t: float | None = None) -> None:
+    """Record a client-side phase (the first mark of a phase wins)."""
+    _client.setdefault(phase, round(t if t is not None else time.time(), 3))
+
+
+def client_marks() -> dict[str, float]:
+    return dict(_client)
+
+
+def client_env() -> dict[str, str]:
+    """The env var that carries this process's marks to the driver."""
+    return {ENV: json.dumps(_client, separators=(",", ":"))} if _client else {}
+
+
+def from_env() -> dict[str, float]:
+    """The client's marks, read by the driver."""
+    try:
+        data = json.loads(os.environ.get(ENV) or "{}")
+    except ValueError:
+        return {}
+    return {k: float(v) for k, v in data.items() if k in ORDER and isinstance(v, (int, float))}
+
+
+@dataclass
+class Row:
+    phase: str
+    at_s: float  # seconds from the first phase seen
+    took_s: float  # seconds since the latest earlier phase (0 when it overlapped them)
+    t: float  # wall clock (the latest rank's, for per-worker phases)
+    ranks: int = 0  # how many workers marked it (per-worker phases)
+    spread_s: float = 0.0  # first to last worker
+
+    @property
+    def meaning(self) -> str:
+        return MEANING.get(self.phase, "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "meaning": self.meaning}
+
+
+def timeline(events: Iterable[dict], job_accepted: float | None = None) -> list[Row]:
+    """One row per phase seen, in submission order. Per-worker phases keep the latest worker (the one
+    every collective waits for) and the spread; a phase restarted after a failure keeps its first run."""
+    firsts: dict[str, float] = {}
+    per_rank: dict[str, dict[int, float]] = {}
+    for e in events:
+        phase, t = e.get("phase"), e.get("t")
+        if phase not in ORDER or not isinstance(t, (int, float)):
+            continue
+        if e.get("rank") is None:
+            firsts.setdefault(phase, float(t))
+        else:
+            per_rank.setdefault(phase, {}).setdefault(int(e["rank"]), float(t))
+    if job_accepted and "job_accepted" not in firsts:
+        firsts["job_accepted"] = float(job_accepted)
+    points = [(phase, t, 0, 0.0) for phase, t in firsts.items()]
+    points += [(phase, max(ts.values()), len(ts), max(ts.values()) - min(ts.values()))
+               for phase, ts in per_rank.items()]
+    points.sort(key=lambda p: ORDER[p[0]])
+    if not points:
+        return []
+    start = min(p[1] for p in points)
+    rows, prev = [], start
+    for phase, t, ranks, spread in points:
+        rows.append(Row(phase, round(t - start, 3), round(max(t - prev, 0.0), 3), round(t, 3), ranks, round(spread, 3)))
+        prev = max(prev, t)
+    return rows
+
+
+def emit(phase: str, t: float | None = None, rank: int | None = None) -> None:
+    """Write the phase into the job's log (from the driver, the controller or a worker)."""
+    from raytrain import events
+
+    data: dict[str, Any] = {"phase": phase, "t": round(t if t is not None else time.time(), 3)}
+    if rank is not None:
+        data["rank"] = rank
+    events.emit(events.TIMING, **data)
+
+
+def table(rows: list[Row]) -> list[str]:
+    """Plain-text lines for the terminal: phase, seconds from the start, seconds it added, what it is."""
+    lines = [f"{'phase':<16} {'at':>8} {'took':>7}  what"]
+    for r in rows:
+        extra = f" ({r.ranks} workers, spread {r.spread_s:.2f} s)" if r.ranks > 1 else ""
+        lines.append(f"{r.phase:<16} {r.at_s:>7.2f}s {r.took_s:>6.2f}s  {r.meaning}{extra}")
+    return lines
