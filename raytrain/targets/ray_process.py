@@ -63,10 +63,27 @@ def load_record(path: Path, cls: type[T]) -> T | None:
     return record
 
 
+# Settings for a Ray node raytrain runs itself (bench/idle_cluster.py measures them against Ray's defaults;
+# RAYTRAIN_QUIET_HEAD=0 turns them off, and any of them set in the environment wins):
+QUIET_ENV = {
+    "RAY_worker_niceness": "0",  # Ray runs workers at nice 15 under its own head processes at 0: on a busy
+    #                              node the head would take cycles from training
+    "RAY_enable_metrics_collection": "0",  # Prometheus metrics nobody scrapes on a raytrain-run node
+    "RAY_event_stats": "0",  # per-event-loop statistics in every Ray process
+    "METRICS_RECORD_INTERVAL_S": "60",  # the dashboard's own metrics (default 5 s)
+    "REPORTER_UPDATE_INTERVAL_MS": "10000",  # per-node CPU/memory for `cluster status` (default 5 s)
+}
+
+
+def quiet_env() -> dict[str, str]:
+    return {} if os.environ.get("RAYTRAIN_QUIET_HEAD", "1") == "0" else dict(QUIET_ENV)
+
+
 def spawn(args: list[str], *, token_path: Path, log_path: Path) -> subprocess.Popen:
     """``ray ARGS`` in its own session (so Ctrl-C in the shell does not reach it), output to ``log_path``,
     authenticating with the token in ``token_path``."""
     env: dict[str, Any] = {
+        **quiet_env(),
         **os.environ,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token_path),
