@@ -70,8 +70,12 @@ def check_tensor_split(the_plan: Plan) -> None:
 
 def dry_run(options: Options, target: Target | None = None) -> tuple[Target, Request]:
     """The exact request a submit would send. No side effects."""
+    from raytrain import timings
+
     target, the_plan = plan(options, target)
-    return target, target.dry_run(the_plan)
+    request = target.dry_run(the_plan)
+    timings.mark("request_built")
+    return target, request
 
 
 def check_capacity(target: Target, the_plan: Plan) -> None:
@@ -103,7 +107,21 @@ def submit_request(target: Target, request: Request) -> JobHandle:
     if ensure is not None:
         ensure()
     check_capacity(target, request.plan)
-    return target.submit(request)
+    return target.submit(_with_client_timings(request))
+
+
+def _with_client_timings(request: Request) -> Request:
+    """A copy of the request whose env carries this process's start-up marks to the driver (they become
+    timing events in the job's log; the dry run shows the request without them)."""
+    import copy
+
+    from raytrain import timings
+
+    timings.mark("submitted")
+    out = copy.copy(request)
+    out.runtime_env = {**request.runtime_env,
+                       "env_vars": {**(request.runtime_env.get("env_vars") or {}), **timings.client_env()}}
+    return out
 
 
 def submit(options: Options, target: Target | None = None) -> JobHandle:

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from raytrain import timings
 from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.common import address_option, handle_errors, print_json
 from raytrain.cli.progress import describe_metrics, describe_preflight, describe_resize
@@ -58,13 +59,24 @@ def list_jobs(address, as_json, **k8s):
 @click.argument("job_id")
 @address_option
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--timings", "show_timings", is_flag=True,
+              help="Where the time went from the command's start to step 1, phase by phase.")
 @k8s_cli.jobs_options
 @handle_errors
-def status(job_id, address, as_json, **k8s):
+def status(job_id, address, as_json, show_timings, **k8s):
     """State, last metrics and outcome of one job."""
     info = (k8s_cli.jobs_target(k8s) or make_target(address, auto_start=False)).status(job_id)
+    rows = timings.timeline(info.facts.timings if info.facts else [], info.start_time) if show_timings else None
     if as_json:
-        print_json(info.to_dict())
+        out = info.to_dict()
+        if rows is not None:
+            out["timings"] = [r.to_dict() for r in rows]
+        print_json(out)
+        return
+    if rows is not None:
+        click.echo(f"{info.job_id}: {info.state.value}")
+        for line in timings.table(rows) if rows else ["no timing events in this job's log"]:
+            click.echo(line)
         return
     facts = info.facts
     click.echo(f"id        {info.job_id}")

@@ -18,6 +18,9 @@ from raytrain.cli.submit import submit
 @click.version_option(__version__, prog_name="raytrain")
 def main():
     """Distributed PyTorch training with DeepSpeed on Ray clusters."""
+    from raytrain import timings
+
+    timings.mark("command", timings.process_start_time())  # `jobs status --timings` starts here
     # Ray's client libraries log every upload and websocket close at INFO; raytrain says what matters.
     logging.getLogger("ray").setLevel(logging.WARNING)
 

@@ -88,6 +88,11 @@ def restart_announcer(max_failures: int):
 
 
 def main() -> int:
+    from raytrain import timings
+
+    for phase, t in timings.from_env().items():  # the client's marks (command, request built, submitted)
+        timings.emit(phase, t)
+    timings.emit("driver_started", timings.process_start_time())
     plan = json.loads(os.environ["RAYTRAIN_PLAN"])
     run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan["name"]
     import ray
@@ -132,6 +137,7 @@ def main() -> int:
     from raytrain.runtime.worker import train_loop_per_worker
 
     max_failures = int(plan.get("max_failures") or 0)
+    timings.emit("driver_ready")
     emit(
         events.STARTED,
         name=plan["name"],

@@ -240,13 +240,16 @@ def torch_config(*, timeout_s: float, interface: str | None) -> Any:
     from ray.train.torch import TorchConfig
     from ray.train.torch.config import _TorchBackend
 
-    from raytrain import events
+    from raytrain import events, timings
 
     class _PreflightBackend(_TorchBackend):
         def on_start(self, worker_group, backend_config):
+            timings.emit("workers_started")
             summary = run(worker_group, backend_config.interface)
             events.emit(events.PREFLIGHT, **summary)
+            timings.emit("preflight")
             super().on_start(worker_group, backend_config)
+            timings.emit("process_group")
 
     @dataclass
     class PreflightTorchConfig(TorchConfig):

@@ -36,6 +36,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     plan = config["plan"]
     import warnings
 
+    import ray.train
+
+    from raytrain import timings
+
+    rank = ray.train.get_context().get_world_rank()
+    timings.emit("worker_process", timings.process_start_time(), rank=rank)
+    timings.emit("train_fn", rank=rank)
+
     # DeepSpeed's ZeRO calls torch.distributed APIs that torch 2.13 deprecates, once per step: noise the
     # user cannot act on.
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
@@ -43,6 +51,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    import deepspeed  # noqa: F401  (what every job needs; timed on its own)
+    import torch  # noqa: F401
+
+    timings.emit("imports", rank=rank)
     if plan.get("mode", "train") == "script":  # an unmodified deepspeed/torchrun script, run as __main__
         from raytrain.runtime.script import run_on_worker
 
