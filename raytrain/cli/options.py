@@ -9,7 +9,7 @@ from raytrain.cli.common import address_option
 from raytrain.config.options import SPECS, Options, OptionSpec, flag_of, help_of
 from raytrain.config.profile import load_profile
 
-_CLICK_TYPES = {int: click.INT, float: click.FLOAT, "path": click.Path()}
+_CLICK_TYPES = {int: click.INT, float: click.FLOAT, bool: click.BOOL, "path": click.Path()}
 
 config_option = click.option(  # the profile itself: not an Options field
     "--config", type=click.Path(), help="YAML/TOML profile with the same keys; flags win."

@@ -10,6 +10,10 @@ everything else is derived from that declaration:
 - the default resolution applies when neither a flag nor a profile gives a value (:data:`DEFAULTS`), which
   is also the config.plan.Plan field's default.
 
+Adding an option (say ``--grad-clip NORM``) is one field here, e.g.
+``grad_clip: float | None = option("Clip gradients to this norm.", type=float, metavar="NORM")``, plus the
+code that uses its value (resolution: into the DeepSpeed dict or the Plan).
+
 ``None`` means "not given", so resolution can tell a flag the user chose from a default (a ``--ds-config``
 may set what the user left open, but may not contradict what the user chose).
 """
@@ -46,7 +50,7 @@ class OptionSpec:
     help: str = ""  # may contain {default}
     flag: bool = True  # a ``--field-name`` flag; False: a config-file key only (errors name the key)
     generated: bool = True  # False: its Click option is declared by its owner (--address: the target flags)
-    type: Any = None  # int, float, "path"; None: text
+    type: Any = None  # int, float, bool, "path"; None: text
     choices: tuple | None = None
     metavar: str | None = None
     switch: bool = False  # ``--name/--no-name``, None when neither is given
@@ -131,11 +135,11 @@ class Options:
         switch=True,
     )
     # ZeRO-3 "cache prefetch" and ZeRO++ "quantisation" strategies: config-file keys only
-    prefetch_bucket_size: int | None = option(flag=False)
-    max_live_parameters: int | None = option(flag=False)
-    quantized_weights: bool | None = option(flag=False)
-    quantized_gradients: bool | None = option(flag=False)
-    hpz_partition_size: int | None = option(flag=False)
+    prefetch_bucket_size: int | None = option("ZeRO-3 stage3_prefetch_bucket_size.", flag=False, type=int)
+    max_live_parameters: int | None = option("ZeRO-3 stage3_max_live_parameters.", flag=False, type=int)
+    quantized_weights: bool | None = option("ZeRO++ zero_quantized_weights.", flag=False, type=bool)
+    quantized_gradients: bool | None = option("ZeRO++ zero_quantized_gradients.", flag=False, type=bool)
+    hpz_partition_size: int | None = option("ZeRO++ zero_hpz_partition_size.", flag=False, type=int)
 
     def merged_over(self, base: "Options") -> "Options":
         """These options with every unset field taken from ``base``."""
