@@ -108,7 +108,7 @@ def _model_shape(job, job_args, params, layers, hidden, heads, vocab, largest_la
     return shape
 
 
-def _rows_to_show(p: search.Plan, show_all: bool) -> list[search.Candidate]:
+def _rows_to_show(p: search.MemoryFit, show_all: bool) -> list[search.Candidate]:
     if show_all:
         return p.candidates
     chosen = p.chosen
@@ -139,7 +139,7 @@ def _describe(c: search.Candidate) -> str:
     return ", ".join(parts)
 
 
-def _print_table(p: search.Plan, show_all: bool) -> None:
+def _print_table(p: search.MemoryFit, show_all: bool) -> None:
     console = Console()
     s, hw = p.shape, p.hardware
     dims = [f"{human_count(s.params)} params"]

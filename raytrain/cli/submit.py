@@ -8,57 +8,9 @@ from rich.console import Console
 
 from raytrain import api
 from raytrain.cli import k8s as k8s_cli
-from raytrain.cli.common import address_option, handle_errors, print_json
+from raytrain.cli.common import handle_errors, print_json
+from raytrain.cli.options import options_from_flags, submit_options
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
-from raytrain.config.options import OFFLOADS, PLACEMENTS, PRECISIONS, Options, load_profile
-from raytrain.errors import ConfigError
-
-
-def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--env {pair}: expected KEY=VALUE", flag="--env")
-        env[key] = value
-    return env
-
-
-def options_from_flags(job: str, job_args: tuple[str, ...], **flags) -> Options:
-    """Flags over the --config profile; unset flags stay None so later layers can fill them."""
-    profile = load_profile(flags["config"]) if flags.get("config") else Options()
-    given = Options(
-        job=job,
-        job_args=list(job_args),
-        script=flags.get("script"),
-        address=flags.get("address"),
-        workers=flags.get("workers"),
-        gpus_per_worker=flags.get("gpus_per_worker"),
-        cpus_per_worker=flags.get("cpus_per_worker"),
-        zero=flags.get("zero"),
-        offload=flags.get("offload"),
-        precision=flags.get("precision"),
-        micro_batch=flags.get("micro_batch"),
-        grad_accum=flags.get("grad_accum"),
-        train_batch=flags.get("train_batch"),
-        ds_config=flags.get("ds_config"),
-        name=flags.get("name"),
-        storage=flags.get("storage"),
-        checkpoint_every=flags.get("checkpoint_every"),
-        keep=flags.get("keep"),
-        max_failures=flags.get("max_failures"),
-        resume=flags.get("resume"),
-        tp=flags.get("tp"),
-        placement=flags.get("placement"),
-        interface=flags.get("interface"),
-        timeout=flags.get("timeout"),
-        pp=flags.get("pp"),
-        pp_partition=flags.get("pp_partition"),
-        tp_spec=flags.get("tp_spec"),
-        activation_checkpointing=flags.get("activation_checkpointing"),
-        env=_parse_env(flags.get("env") or ()),
-    )
-    return given.merged_over(profile)
 
 
 def _target_flags(target) -> str:
@@ -68,72 +20,6 @@ def _target_flags(target) -> str:
     if target.kind.startswith("kuberay"):
         return " --k8s"
     return ""
-
-
-def submit_options(fn):
-    """The options shared by `submit` (and later `plan`)."""
-    for decorator in reversed(
-        [
-            address_option,
-            click.option(
-                "--workers", metavar="N|MIN-MAX",
-                help="Number of workers (one per GPU), or an elastic range MIN-MAX: start with as many as fit, "
-                "continue with fewer (>= MIN) after a lost node, global batch kept. Default 1.",
-            ),
-            click.option(
-                "--gpus-per-worker",
-                type=float,
-                help="GPUs per worker; 0 = CPU workers on gloo. Default: 1 if the cluster has GPUs, else 0.",
-            ),
-            click.option("--cpus-per-worker", type=float, help="CPUs reserved per worker. Default 1."),
-            click.option("--zero", type=int, help="ZeRO stage 0-3. Default 1."),
-            click.option("--offload", type=click.Choice(OFFLOADS), help="ZeRO-Offload to CPU. Default none."),
-            click.option("--precision", type=click.Choice(PRECISIONS), help="Default fp32."),
-            click.option("--micro-batch", type=int, help="Micro-batch per worker. Default 1."),
-            click.option("--grad-accum", type=int, help="Gradient accumulation steps. Default 1."),
-            click.option("--train-batch", type=int, help="Global batch; must equal micro x accum x data-parallel."),
-            click.option("--ds-config", type=click.Path(), help="DeepSpeed JSON merged under the flags."),
-            click.option("--config", type=click.Path(), help="YAML/TOML profile with the same keys; flags win."),
-            click.option("--name", help="Job name (default: the job file's name)."),
-            click.option("--storage", help="Ray Train storage path or URI for this run's results."),
-            click.option("--env", multiple=True, metavar="KEY=VALUE", help="Environment for the job (repeatable)."),
-            click.option("--checkpoint-every", type=int, help="Checkpoint every N steps (and at the end)."),
-            click.option("--keep", type=int, help="Keep only the N latest checkpoints."),
-            click.option(
-                "--max-failures", type=int,
-                help="Restart the workers from the latest checkpoint up to N times (-1: always).",
-            ),
-            click.option("--resume", metavar="RUN", help="Continue a run (job id/run name) or a checkpoint path."),
-            click.option(
-                "--placement", type=click.Choice(list(PLACEMENTS)),
-                help="How workers are placed on nodes (Ray placement group). Default pack.",
-            ),
-            click.option(
-                "--interface", metavar="IFNAME",
-                help="Network interface for gloo/NCCL on every worker (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME; "
-                "checked before training). Default: the interface that reaches rank 0, when all workers agree.",
-            ),
-            click.option(
-                "--timeout", type=float, metavar="SECONDS",
-                help="torch.distributed timeout for process-group setup and each collective. Default 600.",
-            ),
-            click.option("--tp", type=int, help="Tensor-parallel size (DeepSpeed AutoTP). Default 1."),
-            click.option("--pp", type=int, help="Pipeline stages (the job calls ctx.pipeline). Default 1."),
-            click.option("--pp-partition", help="How layers are split over stages: parameters, uniform, type:REGEX."),
-            click.option("--tp-spec", type=click.Path(), help="JSON/YAML AutoTP layer_specs for a plain nn.Module."),
-            click.option(
-                "--activation-checkpointing/--no-activation-checkpointing", default=None,
-                help="Recompute activations in backward (ctx.checkpointed / pipeline layers).",
-            ),
-            click.option(
-                "--script/--no-script", default=None,
-                help="Run JOB.py unchanged as __main__ on every worker, as the deepspeed launcher or torchrun "
-                "would (script mode). Default: detected (no train(ctx), a __main__ block or module-level code).",
-            ),
-        ]
-    ):
-        fn = decorator(fn)
-    return fn
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,9 +13,12 @@ import math
 import re
 from typing import Any
 
+from raytrain.config.checks import check_int
+from raytrain.config.options import DEFAULTS
 from raytrain.errors import ConfigError
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+ELASTIC_MAX_FAILURES = 3  # --workers MIN-MAX without --max-failures: restarts allowed after lost workers
 
 
 def parse_workers(value: Any) -> tuple[int, int]:
@@ -74,3 +77,35 @@ def rescale(ds: dict[str, Any], *, train_batch: int, dp: int) -> tuple[dict[str,
     if "train_batch_size" in out:
         out["train_batch_size"] = train_batch
     return out, accum
+
+
+def max_failures_for(given: int | None, lo: int, hi: int) -> int:
+    """--max-failures: an elastic range (lo < hi) restarts by default and refuses 0."""
+    elastic = lo < hi
+    if elastic and given is None:
+        return ELASTIC_MAX_FAILURES  # elastic means "continue after a lost worker"
+    value = check_int("max_failures", given or DEFAULTS["max_failures"], -1)
+    if elastic and value == 0:
+        raise ConfigError(
+            f"--workers {lo}-{hi} with --max-failures 0: an elastic job continues after a lost "
+            "worker by restarting the group; allow restarts (--max-failures N, or leave it unset)",
+            flag="--max-failures",
+        )
+    return value
+
+def check_elastic(lo: int, hi: int, *, mode: str, tp: int, pp: int) -> None:
+    """An elastic range needs a train(ctx) job and data parallelism only."""
+    if lo == hi:
+        return
+    if mode == "script":
+        raise ConfigError(
+            f"--workers {lo}-{hi}: elastic training needs a train(ctx) job (raytrain restores and "
+            "reshards its checkpoints when the worker count changes); this file runs in script mode",
+            flag="--workers",
+        )
+    if tp * pp > 1:
+        raise ConfigError(
+            f"--workers {lo}-{hi}: elastic training works with data parallelism only (Ray Train "
+            f"may pick any size in the range); with --tp {tp} --pp {pp} give a fixed --workers",
+            flag="--workers",
+        )

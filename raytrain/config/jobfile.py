@@ -44,16 +44,8 @@ def _module_level_code(tree: ast.Module) -> int | None:
     return None
 
 
-def check_job_file(path: str | None, script: bool | None = None) -> JobFile:
-    """The job file, if it exists, parses and either defines ``train(ctx)`` at module level (train mode) or
-    is a script (script mode: run as ``__main__`` like the deepspeed launcher or torchrun would).
-
-    ``script``: True (``--script``) forces script mode, False (``--no-script``) train mode, None detects:
-    a file with a module-level ``train`` that takes an argument is a job, unless it also looks like a
-    script (an ``if __name__ == "__main__":`` block or code run at module level) and train's first
-    parameter is not named ``ctx`` (a DeepSpeedExamples-style ``def train(args, engine)`` + main block);
-    a file without such a train that looks like a script is a script; anything else is an error.
-    """
+def _parse(path: str | None) -> tuple[Path, ast.Module]:
+    """The job file's path and syntax tree, or a ConfigError naming JOB."""
     if not path:
         raise ConfigError("no job file given: raytrain submit JOB.py [options]", flag="JOB")
     p = Path(path).expanduser()
@@ -63,11 +55,15 @@ def check_job_file(path: str | None, script: bool | None = None) -> JobFile:
         raise ConfigError(f"job file {path}: expected a Python file (.py) that defines train(ctx)", flag="JOB")
     source = p.read_text(encoding="utf-8", errors="replace")
     try:
-        tree = ast.parse(source, filename=str(p))
+        return p, ast.parse(source, filename=str(p))
     except SyntaxError as exc:
         raise ConfigError(
             f"job file {path}: syntax error at line {exc.lineno}: {exc.msg}", flag="JOB"
         ) from exc
+
+
+def _mode(path: str, tree: ast.Module, script: bool | None) -> tuple[str, str]:
+    """(mode, why): "train" or "script" (see check_job_file)."""
     train = next(
         (
             node
@@ -86,27 +82,38 @@ def check_job_file(path: str | None, script: bool | None = None) -> JobFile:
         takes_ctx = bool(params) or args.vararg is not None
         first_param = params[0].arg if params else None
     if script is True:
-        mode, reason = "script", "--script"
-    elif script is not False and (main_guard or code_line) and not (takes_ctx and first_param == "ctx"):
-        mode = "script"
+        return "script", "--script"
+    if script is not False and (main_guard or code_line) and not (takes_ctx and first_param == "ctx"):
         what = 'an `if __name__ == "__main__":` block' if main_guard else f"code at module level (line {code_line})"
         if train is None:
-            reason = f"detected: no train(ctx) at module level, and {what}"
-        else:
-            reason = f"detected: {what}, and its train() does not take ctx as first parameter"
-    elif train is None:
+            return "script", f"detected: no train(ctx) at module level, and {what}"
+        return "script", f"detected: {what}, and its train() does not take ctx as first parameter"
+    if train is None:
         raise ConfigError(
             f"job file {path}: defines no train(ctx) function at module level; "
             "raytrain calls train(ctx) on every worker (to run a deepspeed/torchrun script unchanged, "
             "give --script)",
             flag="JOB",
         )
-    elif not takes_ctx:
+    if not takes_ctx:
         raise ConfigError(
             f"job file {path}: train() takes no argument; define it as train(ctx)", flag="JOB"
         )
-    else:
-        mode, reason = "train", "train(ctx)"
+    return "train", "train(ctx)"
+
+
+def check_job_file(path: str | None, script: bool | None = None) -> JobFile:
+    """The job file, if it exists, parses and either defines ``train(ctx)`` at module level (train mode) or
+    is a script (script mode: run as ``__main__`` like the deepspeed launcher or torchrun would).
+
+    ``script``: True (``--script``) forces script mode, False (``--no-script``) train mode, None detects:
+    a file with a module-level ``train`` that takes an argument is a job, unless it also looks like a
+    script (an ``if __name__ == "__main__":`` block or code run at module level) and train's first
+    parameter is not named ``ctx`` (a DeepSpeedExamples-style ``def train(args, engine)`` + main block);
+    a file without such a train that looks like a script is a script; anything else is an error.
+    """
+    p, tree = _parse(path)
+    mode, reason = _mode(path, tree, script)
     uses_pipeline = any(
         isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pipeline"
         for node in ast.walk(tree)

@@ -1,4 +1,18 @@
-"""The options a user gives: flags, a ``--config`` profile (YAML/TOML) and defaults.
+"""The options a user gives, each declared once: its flag, config-file key, help and default come from here.
+
+``Options`` is everything ``raytrain submit`` accepts. Each field is declared with :func:`option`, and
+everything else is derived from that declaration:
+
+- the Click option of ``raytrain submit`` (raytrain.cli.options), in field order, with ``{default}`` in the
+  help replaced by the declared default;
+- the config-file key: the field name (dashes also work), read by raytrain.config.profile;
+- the name errors use for it (:func:`flag_of`): the flag, or the key for config-file-only options;
+- the default resolution applies when neither a flag nor a profile gives a value (:data:`DEFAULTS`), which
+  is also the config.plan.Plan field's default.
+
+Adding an option (say ``--grad-clip NORM``) is one field here, e.g.
+``grad_clip: float | None = option("Clip gradients to this norm.", type=float, metavar="NORM")``, plus the
+code that uses its value (resolution: into the DeepSpeed dict or the Plan).
 
 ``None`` means "not given", so resolution can tell a flag the user chose from a default (a ``--ds-config``
 may set what the user left open, but may not contradict what the user chose).
@@ -6,11 +20,8 @@ may set what the user left open, but may not contradict what the user chose).
 from __future__ import annotations
 
 import dataclasses
-import json
-import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from raytrain.errors import ConfigError
 
@@ -18,47 +29,117 @@ ZERO_STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "optimizer", "all")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
+PP_PARTITIONS = ("parameters", "uniform")  # or "type:REGEX"
+
+
+def parse_env_pairs(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` (repeatable) -> {KEY: VALUE}."""
+    env = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env {pair}: expected KEY=VALUE", flag="--env")
+        env[key] = value
+    return env
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """How an Options field is given. Its config-file key is always the field name."""
+
+    help: str = ""  # may contain {default}
+    flag: bool = True  # a ``--field-name`` flag; False: a config-file key only (errors name the key)
+    generated: bool = True  # False: its Click option is declared by its owner (--address: the target flags)
+    type: Any = None  # int, float, bool, "path"; None: text
+    choices: tuple | None = None
+    metavar: str | None = None
+    switch: bool = False  # ``--name/--no-name``, None when neither is given
+    multiple: bool = False  # repeatable; ``from_flag`` turns the tuple into the field's value
+    from_flag: Callable[[Any], Any] | None = None  # the Click value -> the Options value
+    default: Any = None  # what resolution uses when nothing gives a value (None: decided by resolution)
+
+
+def option(help: str = "", *, default_factory: Callable[[], Any] | None = None, **spec: Any) -> Any:
+    """Declare an Options field (its dataclass default is None, or ``default_factory()``: "not given")."""
+    metadata = {"option": OptionSpec(help=help, **spec)}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=None, metadata=metadata)
 
 
 @dataclass
 class Options:
-    """Everything ``raytrain submit`` accepts. Field names are the config-file keys (dashes also work)."""
+    """Everything ``raytrain submit`` accepts, in the order ``raytrain submit --help`` shows it."""
 
-    job: str | None = None
-    job_args: list[str] = field(default_factory=list)
-    script: bool | None = None  # True: run the job file as a script (__main__); None: detect
-    address: str | None = None
-    workers: int | str | None = None  # N, or "MIN-MAX" for elastic training (Ray Train's worker range)
-    gpus_per_worker: float | None = None  # None: 1 if the cluster has GPUs, else 0
-    cpus_per_worker: float | None = None
-    zero: int | None = None
-    offload: str | None = None
-    precision: str | None = None
-    micro_batch: int | None = None
-    grad_accum: int | None = None
-    train_batch: int | None = None
-    ds_config: str | None = None
-    name: str | None = None
-    storage: str | None = None
-    checkpoint_every: int | None = None  # steps; 0 = only when the job asks
-    keep: int | None = None  # latest checkpoints kept; None = all
-    max_failures: int | None = None  # worker-group restarts from the latest checkpoint; -1 = unlimited
-    resume: str | None = None  # a run name, run directory or checkpoint directory
-    placement: str | None = None  # pack | spread | strict-spread (Ray placement group strategy)
-    interface: str | None = None  # network interface for gloo/NCCL (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)
-    timeout: float | None = None  # seconds: process-group setup (and each collective) may take this long
-    tp: int | None = None  # tensor-parallel size (DeepSpeed AutoTP)
-    pp: int | None = None  # pipeline stages (DeepSpeed PipelineModule)
-    pp_partition: str | None = None  # "parameters" | "uniform" | "type:REGEX"
-    tp_spec: str | None = None  # JSON/YAML file with AutoTP layer_specs for a plain nn.Module
-    activation_checkpointing: bool | None = None
-    # ZeRO-3 "cache prefetch" and ZeRO++ "quantisation" strategies (config file keys)
-    prefetch_bucket_size: int | None = None
-    max_live_parameters: int | None = None
-    quantized_weights: bool | None = None
-    quantized_gradients: bool | None = None
-    hpz_partition_size: int | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    job: str | None = option("The job file (the JOB argument).", flag=False)
+    job_args: list[str] = option("Arguments after `--`: ctx.args, or a script's command line.", flag=False,
+                                 default_factory=list)
+    address: str | None = option(generated=False)  # Click option: raytrain.cli.common.address_option
+    workers: int | str | None = option(  # N, or "MIN-MAX" for elastic training (Ray Train's worker range)
+        "Number of workers (one per GPU), or an elastic range MIN-MAX: start with as many as fit, continue with "
+        "fewer (>= MIN) after a lost node, global batch kept. Default {default}.",
+        metavar="N|MIN-MAX", default=1,
+    )
+    gpus_per_worker: float | None = option(  # None: 1 if the cluster has GPUs, else 0
+        "GPUs per worker; 0 = CPU workers on gloo. Default: 1 if the cluster has GPUs, else 0.", type=float
+    )
+    cpus_per_worker: float | None = option("CPUs reserved per worker. Default {default}.", type=float, default=1.0)
+    zero: int | None = option("ZeRO stage 0-3. Default {default}.", type=int, default=1)
+    offload: str | None = option("ZeRO-Offload to CPU. Default {default}.", choices=OFFLOADS, default="none")
+    precision: str | None = option("Default {default}.", choices=PRECISIONS, default="fp32")
+    micro_batch: int | None = option("Micro-batch per worker. Default {default}.", type=int, default=1)
+    grad_accum: int | None = option("Gradient accumulation steps. Default {default}.", type=int, default=1)
+    train_batch: int | None = option("Global batch; must equal micro x accum x data-parallel.", type=int)
+    ds_config: str | None = option("DeepSpeed JSON merged under the flags.", type="path")
+    name: str | None = option("Job name (default: the job file's name).")
+    storage: str | None = option("Ray Train storage path or URI for this run's results.")
+    env: dict[str, str] = option(
+        "Environment for the job (repeatable).", metavar="KEY=VALUE", multiple=True, from_flag=parse_env_pairs,
+        default_factory=dict,
+    )
+    checkpoint_every: int | None = option(  # steps; 0 = only when the job asks
+        "Checkpoint every N steps (and at the end).", type=int, default=0
+    )
+    keep: int | None = option("Keep only the N latest checkpoints.", type=int)  # None = all
+    max_failures: int | None = option(  # worker-group restarts from the latest checkpoint; -1 = unlimited
+        "Restart the workers from the latest checkpoint up to N times (-1: always).", type=int, default=0
+    )
+    resume: str | None = option(  # a run name, run directory or checkpoint directory
+        "Continue a run (job id/run name) or a checkpoint path.", metavar="RUN"
+    )
+    placement: str | None = option(  # Ray placement group strategy
+        "How workers are placed on nodes (Ray placement group). Default {default}.",
+        choices=tuple(PLACEMENTS), default="pack",
+    )
+    interface: str | None = option(  # network interface for gloo/NCCL (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)
+        "Network interface for gloo/NCCL on every worker (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME; checked "
+        "before training). Default: the interface that reaches rank 0, when all workers agree.",
+        metavar="IFNAME",
+    )
+    timeout: float | None = option(  # seconds: process-group setup (and each collective) may take this long
+        "torch.distributed timeout for process-group setup and each collective. Default {default}.",
+        type=float, metavar="SECONDS", default=600.0,
+    )
+    tp: int | None = option("Tensor-parallel size (DeepSpeed AutoTP). Default {default}.", type=int, default=1)
+    pp: int | None = option("Pipeline stages (the job calls ctx.pipeline). Default {default}.", type=int, default=1)
+    pp_partition: str | None = option(
+        "How layers are split over stages: parameters, uniform, type:REGEX.", default="parameters"
+    )
+    tp_spec: str | None = option("JSON/YAML AutoTP layer_specs for a plain nn.Module.", type="path")
+    activation_checkpointing: bool | None = option(
+        "Recompute activations in backward (ctx.checkpointed / pipeline layers).", switch=True, default=False
+    )
+    script: bool | None = option(  # True: run the job file as a script (__main__); None: detect
+        "Run JOB.py unchanged as __main__ on every worker, as the deepspeed launcher or torchrun would (script "
+        "mode). Default: detected (no train(ctx), a __main__ block or module-level code).",
+        switch=True,
+    )
+    # ZeRO-3 "cache prefetch" and ZeRO++ "quantisation" strategies: config-file keys only
+    prefetch_bucket_size: int | None = option("ZeRO-3 stage3_prefetch_bucket_size.", flag=False, type=int)
+    max_live_parameters: int | None = option("ZeRO-3 stage3_max_live_parameters.", flag=False, type=int)
+    quantized_weights: bool | None = option("ZeRO++ zero_quantized_weights.", flag=False, type=bool)
+    quantized_gradients: bool | None = option("ZeRO++ zero_quantized_gradients.", flag=False, type=bool)
+    hpz_partition_size: int | None = option("ZeRO++ zero_hpz_partition_size.", flag=False, type=int)
 
     def merged_over(self, base: "Options") -> "Options":
         """These options with every unset field taken from ``base``."""
@@ -74,50 +155,20 @@ class Options:
         return Options(**values)
 
 
-DEFAULTS = dict(
-    workers=1,
-    cpus_per_worker=1.0,
-    zero=1,
-    offload="none",
-    precision="fp32",
-    micro_batch=1,
-    grad_accum=1,
-)
+SPECS: dict[str, OptionSpec] = {f.name: f.metadata["option"] for f in dataclasses.fields(Options)}
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Options)}
+# What resolution uses for an option nobody gave (None-valued declarations are decided by resolution).
+DEFAULTS: dict[str, Any] = {name: spec.default for name, spec in SPECS.items() if spec.default is not None}
 
 
-def load_profile(path: str | Path) -> Options:
-    """Read a ``--config`` profile (.yaml/.yml/.toml/.json) whose keys are Options fields."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--config {path}: no such file", flag="--config")
-    text = p.read_text()
-    try:
-        if p.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif p.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
+def flag_of(name: str) -> str:
+    """The name errors use for option ``name``: its flag (``--micro-batch``), or its config-file key."""
+    return "--" + name.replace("_", "-") if SPECS[name].flag else name
 
-            data = yaml.safe_load(text) or {}
-    except Exception as exc:  # every parser has its own error type
-        raise ConfigError(f"--config {path}: cannot parse: {exc}", flag="--config") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of option names to values", flag="--config")
-    if isinstance(data.get("submit"), dict):  # allow a [submit] table / submit: section
-        data = data["submit"]
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name not in _FIELDS or name == "job_args" and not isinstance(value, list):
-            known = ", ".join(sorted(k.replace("_", "-") for k in _FIELDS))
-            raise ConfigError(f"--config {path}: unknown key {key!r}; known keys: {known}", flag="--config")
-        values[name] = value
-    if "env" in values and not isinstance(values["env"], dict):
-        raise ConfigError(f"--config {path}: 'env' must be a mapping", flag="--config")
-    for key in ("ds_config", "tp_spec"):
-        if values.get(key) and not Path(values[key]).is_absolute():
-            values[key] = str((p.parent / values[key]).resolve())
-    return Options(**values)
+
+def help_of(name: str) -> str:
+    """The option's help text with its default filled in."""
+    spec = SPECS[name]
+    default = spec.default
+    shown = f"{default:g}" if isinstance(default, float) else default
+    return spec.help.replace("{default}", str(shown))

@@ -1,9 +1,15 @@
-"""The validated plan: everything a target needs to run a job, and nothing target-specific."""
+"""The validated plan: everything a target needs to run a job, and nothing target-specific.
+
+It travels as JSON (``$RAYTRAIN_PLAN`` for the driver, ``train_loop_config["plan"]`` for the workers) and is
+read back with :meth:`Plan.from_dict`. Defaults are the option declarations' (raytrain.config.options).
+"""
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from raytrain.config.options import DEFAULTS, PLACEMENTS
 
 
 @dataclass
@@ -13,7 +19,7 @@ class Scaling:
     num_workers: int
     use_gpu: bool
     resources_per_worker: dict[str, float]
-    placement_strategy: str = "PACK"
+    placement_strategy: str = PLACEMENTS[DEFAULTS["placement"]]
     min_workers: int | None = None  # elastic: Ray Train may run with min_workers..num_workers workers
 
     @property
@@ -44,14 +50,14 @@ class Plan:
     offload: str
     storage: str | None
     env: dict[str, str] = field(default_factory=dict)
-    checkpoint_every: int = 0
+    checkpoint_every: int = DEFAULTS["checkpoint_every"]
     keep: int | None = None
-    max_failures: int = 0
+    max_failures: int = DEFAULTS["max_failures"]
     resume: str | None = None
-    activation_checkpointing: bool = False
-    pp_partition: str = "parameters"
+    activation_checkpointing: bool = DEFAULTS["activation_checkpointing"]
+    pp_partition: str = DEFAULTS["pp_partition"]
     interface: str | None = None  # the network interface every worker must use (--interface)
-    timeout_s: float = 600.0  # torch.distributed process-group timeout (--timeout)
+    timeout_s: float = DEFAULTS["timeout"]  # torch.distributed process-group timeout (--timeout)
     mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,6 +68,11 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        """The inverse of :meth:`to_dict`; fields missing from ``data`` take their defaults."""
         data = dict(data)
         data["scaling"] = Scaling(**data["scaling"])
         return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))

@@ -17,11 +17,11 @@ from raytrain.planner.memory import (
     model_states,
     zero3_working_set,
 )
-from raytrain.planner.search import Candidate, Hardware, Plan, make_hardware, plan, relative_time
+from raytrain.planner.search import Candidate, Hardware, MemoryFit, make_hardware, plan, relative_time
 from raytrain.planner.shape import ModelShape, shape_from_numbers
 
 __all__ = [
-    "Candidate", "Config", "Estimate", "Hardware", "ModelShape", "ModelStates", "Plan", "activation_memory",
+    "Candidate", "Config", "Estimate", "Hardware", "MemoryFit", "ModelShape", "ModelStates", "activation_memory",
     "estimate", "make_hardware", "model_states", "plan", "relative_time", "shape_from_numbers",
     "zero3_working_set",
 ]

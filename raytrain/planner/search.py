@@ -119,7 +119,10 @@ class Candidate:
 
 
 @dataclass
-class Plan:
+class MemoryFit:
+    """Every candidate configuration's memory estimate for one model and one set of GPUs, fastest first,
+    and the fastest that fits (``chosen``). What `raytrain plan` prints; not a config.plan.Plan (a job)."""
+
     shape: ModelShape
     hardware: Hardware
     seq: int | None
@@ -213,7 +216,7 @@ def plan(
     flash_attention: bool = False,
     zero_init: bool = False,
     **choices,
-) -> Plan:
+) -> MemoryFit:
     """Estimate every configuration (``choices`` restrict them, see :func:`configurations`), fastest first."""
     if not 0 <= margin < 1:
         raise ConfigError(f"--margin {margin}: must be in [0, 1), e.g. 0.1 for 10 %", flag="--margin")
@@ -258,7 +261,7 @@ def plan(
             OFFLOADS.index(c.config.offload), c.config.checkpointing,
         )
     )
-    return Plan(
+    return MemoryFit(
         shape=shape, hardware=hardware, seq=seq, micro_batch=micro_batch, margin=margin,
         flash_attention=flash_attention, candidates=candidates, notes=notes,
     )

@@ -13,7 +13,7 @@ import traceback
 
 from raytrain import events
 from raytrain.capacity import Node, capacity_problem
-from raytrain.config.plan import Scaling
+from raytrain.config.plan import Plan
 from raytrain.events import emit
 
 EXIT_TRAINING_FAILED = 1
@@ -87,18 +87,23 @@ def restart_announcer(max_failures: int):
     return AnnounceRestarts()
 
 
+def read_plan() -> Plan:
+    """The plan the CLI resolved, from ``$RAYTRAIN_PLAN`` (missing fields take the Plan's defaults)."""
+    return Plan.from_dict(json.loads(os.environ["RAYTRAIN_PLAN"]))
+
+
 def main() -> int:
     from raytrain import timings
 
     for phase, t in timings.from_env().items():  # the client's marks (command, request built, submitted)
         timings.emit(phase, t)
     timings.emit("driver_started", timings.process_start_time())
-    plan = json.loads(os.environ["RAYTRAIN_PLAN"])
-    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan["name"]
+    plan = read_plan()
+    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
     import ray
 
     ray.init(log_to_driver=True)
-    scaling = Scaling(**plan["scaling"])
+    scaling = plan.scaling
     problem = capacity_problem(
         scaling.num_workers, scaling.resources_per_worker, cluster_nodes(), scaling.min_workers
     )
@@ -106,7 +111,7 @@ def main() -> int:
         emit(events.CAPACITY, message=problem)
         return EXIT_CANNOT_RUN
 
-    storage = plan.get("storage")
+    storage = plan.storage
     storage_nodes = None  # how many nodes were shown to share --storage (None: not checked)
     if storage:
         from raytrain.storage import is_uri, probe_visibility, storage_problem
@@ -120,12 +125,12 @@ def main() -> int:
                 return EXIT_CANNOT_RUN
 
     resume_from = None
-    if plan.get("resume"):
+    if plan.resume:
         from raytrain.checkpoints import resolve_resume
         from raytrain.errors import ConfigError
 
         try:
-            resume_from = resolve_resume(plan["resume"], plan.get("storage")).path
+            resume_from = resolve_resume(plan.resume, plan.storage).path
         except ConfigError as exc:
             emit(events.INVALID, message=str(exc))
             return EXIT_CANNOT_RUN
@@ -136,27 +141,26 @@ def main() -> int:
     from raytrain.runtime.preflight import torch_config
     from raytrain.runtime.worker import train_loop_per_worker
 
-    max_failures = int(plan.get("max_failures") or 0)
     timings.emit("driver_ready")
     emit(
         events.STARTED,
-        name=plan["name"],
+        name=plan.name,
         run=run_name,
-        storage=plan.get("storage"),
+        storage=plan.storage,
         storage_nodes=storage_nodes,
         workers=scaling.workers_label if scaling.elastic else scaling.num_workers,
         use_gpu=scaling.use_gpu,
-        zero=plan["zero"],
-        precision=plan["precision"],
-        train_batch=plan["train_batch"],
-        tp=plan["parallel"]["tp"],
-        pp=plan["parallel"]["pp"],
+        zero=plan.zero,
+        precision=plan.precision,
+        train_batch=plan.train_batch,
+        tp=plan.parallel["tp"],
+        pp=plan.parallel["pp"],
         resume_from=resume_from,
     )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"plan": plan, "resume_from": resume_from},
-        torch_config=torch_config(timeout_s=float(plan.get("timeout_s") or 600), interface=plan.get("interface")),
+        train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from},
+        torch_config=torch_config(timeout_s=float(plan.timeout_s), interface=plan.interface),
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,
             use_gpu=scaling.use_gpu,
@@ -165,10 +169,10 @@ def main() -> int:
         ),
         run_config=RunConfig(
             name=run_name,
-            storage_path=plan.get("storage") or None,
-            failure_config=FailureConfig(max_failures=max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=plan.get("keep") or None),
-            callbacks=[restart_announcer(max_failures)],
+            storage_path=plan.storage or None,
+            failure_config=FailureConfig(max_failures=plan.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=plan.keep or None),
+            callbacks=[restart_announcer(plan.max_failures)],
             # Ray Train logs every report at INFO; raytrain shows progress itself.
             logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
         ),
