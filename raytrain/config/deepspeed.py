@@ -77,6 +77,7 @@ def ds_view(ds: dict[str, Any]) -> dict[str, Any]:
         ("train_micro_batch_size_per_gpu", "micro_batch"),
         ("gradient_accumulation_steps", "grad_accum"),
         ("train_batch_size", "train_batch"),
+        ("gradient_clipping", "grad_clip"),
     ):
         if _given(ds.get(key)):
             view[name] = (ds[key], key)
@@ -165,6 +166,8 @@ def _add_option_sections(out: dict[str, Any], opts: Options, *, tp: int) -> None
         value = getattr(opts, key)
         if value is not None:
             out["zero_optimization"][ds_key] = value
+    if opts.grad_clip is not None:  # resolution fills the default, except for scripts (their own setting)
+        out["gradient_clipping"] = opts.grad_clip
 
 
 def deepspeed_dict(

@@ -90,6 +90,11 @@ class Options:
     micro_batch: int | None = option("Micro-batch per worker. Default {default}.", type=int, default=1)
     grad_accum: int | None = option("Gradient accumulation steps. Default {default}.", type=int, default=1)
     train_batch: int | None = option("Global batch; must equal micro x accum x data-parallel.", type=int)
+    grad_clip: float | None = option(
+        "Clip the global gradient norm to NORM; 0 = no clipping. Default {default} (DeepSpeed's and HF "
+        "Trainer's); written into the DeepSpeed config (script mode: only when given).",
+        type=float, metavar="NORM", default=1.0,
+    )
     ds_config: str | None = option("DeepSpeed JSON merged under the flags.", type="path")
     name: str | None = option("Job name (default: the job file's name).")
     storage: str | None = option("Ray Train storage path or URI for this run's results.")

@@ -13,6 +13,7 @@ ConfigError whose message names the flag, the value and what would work. The ste
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -119,6 +120,14 @@ def _interface(value: str | None) -> str | None:
     return str(value)
 
 
+def _grad_clip(opts: Options, job: JobFile) -> Options:
+    """--grad-clip checked; its default written for train(ctx) jobs. A script keeps its own choice (HF
+    Trainer's max_grad_norm, or DeepSpeed's default) unless a flag, profile or --ds-config gives one."""
+    if opts.grad_clip is None:
+        return opts if job.mode == "script" else dataclasses.replace(opts, grad_clip=DEFAULTS["grad_clip"])
+    return dataclasses.replace(opts, grad_clip=check_number("grad_clip", opts.grad_clip, 0, strict=False))
+
+
 def _or_default(opts: Options, name: str):
     value = getattr(opts, name)
     return DEFAULTS[name] if value is None else value
@@ -148,6 +157,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     check_elastic(min_workers, workers, mode=job.mode, tp=tp, pp=pp)
     dp = workers // (tp * pp)
     micro, accum, total = batch_sizes(opts, dp)
+    opts = _grad_clip(opts, job)
     if min_workers < workers:
         problem = batch_problem(total, micro, min_workers, workers)
         if problem:
