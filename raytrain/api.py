@@ -12,7 +12,7 @@ from raytrain.capacity import capacity_problem, tensor_group_problem
 from raytrain.config import Options, Plan, resolve
 from raytrain.errors import ClusterError, JobFailed
 from raytrain.events import CAPACITY, INVALID, JobFacts
-from raytrain.jobs.state import JobInfo, JobState
+from raytrain.status import JobInfo, JobState
 from raytrain.targets import JobHandle, Request, Target, make_target
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from raytrain.config.plan import Plan
-from raytrain.jobs.state import JobInfo
+from raytrain.status import JobInfo
 
 # Files never shipped with a job's folder, whatever .gitignore says.
 SECRET_EXCLUDES = [

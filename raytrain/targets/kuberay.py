@@ -17,7 +17,7 @@ from raytrain.capacity import Node
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, ConfigError
 from raytrain.events import JobFacts
-from raytrain.jobs.state import JobInfo, JobState
+from raytrain.status import JobInfo, job_state, rayjob_state
 from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, JobHandle, Request, Target
 from raytrain.targets.cluster_profile import K8sProfile
 from raytrain.targets.k8s_client import KubeConnection, NotFound, RayObjects
@@ -44,28 +44,6 @@ class K8sRequest(Request):
     namespace: str = ""
     manifests: list[dict[str, Any]] = field(default_factory=list)
     port_forward: dict[str, Any] | None = None
-
-
-def rayjob_state(status: dict[str, Any] | None) -> JobState:
-    """KubeRay's two status fields -> one JobState. Ray's job status wins once it is terminal."""
-    status = status or {}
-    deployment = status.get("jobDeploymentStatus") or ""
-    job = str(status.get("jobStatus") or "").upper()
-    if deployment in ("Suspending", "Suspended"):
-        return JobState.STOPPED
-    if deployment == "ValidationFailed":
-        return JobState.FAILED
-    if job in ("SUCCEEDED", "FAILED", "STOPPED"):
-        return JobState(job.lower())
-    if deployment == "Failed":
-        return JobState.FAILED
-    if deployment == "Complete":
-        return JobState.SUCCEEDED
-    if deployment == "Retrying":
-        return JobState.RESTARTING
-    if job == "RUNNING":
-        return JobState.RUNNING
-    return JobState.PENDING
 
 
 def describe_status(status: dict[str, Any] | None) -> str:
@@ -277,11 +255,9 @@ class RayJobTarget(Target):
             )
         return obj
 
-    def _info(self, obj: dict, facts: JobFacts | None) -> JobInfo:
+    def _info(self, obj: dict, facts: JobFacts | None, *, log_read: bool = True) -> JobInfo:
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-        state = rayjob_state(status)
-        if state is JobState.RUNNING and facts is not None and facts.restarting:
-            state = JobState.RESTARTING
+        state = job_state(rayjob_state(status), facts if log_read else None)
         message = status.get("message") or ""
         reason = status.get("reason") or ""
         if reason and reason not in message:
@@ -328,8 +304,11 @@ class RayJobTarget(Target):
 
     def status(self, job_id: str, *, with_facts: bool = True) -> JobInfo:
         obj = self._get(job_id)
-        facts = JobFacts.from_lines(self._submitter_log(job_id).splitlines()) if with_facts else None
-        return self._info(obj, facts)
+        if not with_facts:
+            return self._info(obj, None)
+        log = self._submitter_log(job_id)
+        # No log (no submitter pod yet, or pods cannot be read here): the RayJob's status alone decides.
+        return self._info(obj, JobFacts.from_lines(log.splitlines()), log_read=bool(log))
 
     def logs(self, job_id: str) -> str:
         self._get(job_id)

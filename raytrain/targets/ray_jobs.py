@@ -9,7 +9,7 @@ import raytrain
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, RaytrainError
 from raytrain.events import JobFacts
-from raytrain.jobs.state import JobInfo, state_of
+from raytrain.status import JobInfo, state_of
 from raytrain.targets.base import (
     RUNTIME_ENV_VARS,
     SECRET_EXCLUDES,

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from raytrain.cli.main import main
 from raytrain.errors import ConfigError
-from raytrain.jobs.state import JobState
+from raytrain.status import JobState
 from raytrain.targets.cluster_profile import K8sProfile, LocalProfile, load_cluster_profile, parse_cluster_profile
 from raytrain.targets.k8s_manifests import (
     check_name,
@@ -20,7 +20,7 @@ from raytrain.targets.k8s_manifests import (
     render_raycluster_spec,
     worker_pods_needed,
 )
-from raytrain.targets.kuberay import rayjob_state
+from raytrain.status import rayjob_state
 from tests.conftest import JOBS, ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
