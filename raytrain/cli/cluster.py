@@ -9,7 +9,7 @@ from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.cluster_join import join
 from raytrain.cli.common import handle_errors, print_json
 from raytrain.errors import ClusterError
-from raytrain.targets import local_cluster, ray_node
+from raytrain.clusters import joined_node, local_head, ray_process
 
 
 @click.group()
@@ -21,8 +21,8 @@ def cluster():
 @cluster.command()
 @click.option("--num-cpus", type=float, help="CPUs the cluster offers (default: all).")
 @click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
-@click.option("--port", type=int, help=f"GCS port (default {local_cluster.DEFAULT_PORT}).")
-@click.option("--dashboard-port", type=int, help=f"Default {local_cluster.DEFAULT_DASHBOARD_PORT}.")
+@click.option("--port", type=int, help=f"GCS port (default {local_head.DEFAULT_PORT}).")
+@click.option("--dashboard-port", type=int, help=f"Default {local_head.DEFAULT_DASHBOARD_PORT}.")
 @click.option("--node-ip", help="This machine's address for Ray (other machines join via it). Default: loopback.")
 @click.option("--resources", "resources_json", help='Custom resources of this node as JSON: \'{"node_a": 1}\'.')
 @k8s_cli.cluster_options
@@ -43,15 +43,15 @@ def up(num_cpus, num_gpus, port, dashboard_port, node_ip, resources_json, dry_ru
     for flag, value in (("--num-cpus", num_cpus), ("--num-gpus", num_gpus)):
         if value is not None and value < 0:
             raise ClusterError(f"{flag} {value:g}: must be >= 0")
-    resources = ray_node.parse_resources(resources_json)
-    node_ip = ray_node.check_node_ip(node_ip)
-    c, started = local_cluster.up(
+    resources = ray_process.parse_resources(resources_json)
+    node_ip = ray_process.check_node_ip(node_ip)
+    c, started = local_head.up(
         num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port,
         node_ip=node_ip, resources=resources,
     )
     verb = "started" if started else "already running"
     click.echo(f"local Ray cluster {verb}: dashboard {c.dashboard_url}, GCS {c.gcs_address} (pid {c.pid})")
-    click.echo(ray_node.token_hint(c.token_path, c.gcs_address))
+    click.echo(joined_node.token_hint(c.token_path, c.gcs_address))
 
 
 @cluster.command()
@@ -62,10 +62,10 @@ def down(**k8s):
     RayCluster."""
     if k8s_cli.wants_k8s(k8s):
         return k8s_cli.cluster_down(k8s)
-    node = ray_node.down()
+    node = joined_node.down()
     if node is not None:
         click.echo(f"worker node stopped (was joined to {node.gcs_address})")
-    c = local_cluster.down()
+    c = local_head.down()
     if c is not None or node is None:
         click.echo("local Ray cluster stopped" if c else "no local Ray cluster is running")
 
@@ -74,16 +74,16 @@ cluster.add_command(join)
 
 
 def cluster_report() -> dict:
-    from raytrain import cluster_status
+    from raytrain.clusters import ray_status
     from raytrain.targets.local import LocalTarget
 
-    c = local_cluster.current()
+    c = local_head.current()
     if c is None:
         return {"running": False}
     dash = c.dashboard()
-    nodes = cluster_status.nodes_of(dash.node_summaries())
+    nodes = ray_status.nodes_of(dash.node_summaries())
     # node["workers"]: the jobs whose Ray Train workers run there (None: the state API did not answer)
-    workers_error = cluster_status.add_worker_placement(dash, nodes)
+    workers_error = ray_status.add_worker_placement(dash, nodes)
     jobs = [j.to_dict() for j in LocalTarget().list() if not j.state.terminal]
     return {
         "running": True,
@@ -110,7 +110,7 @@ def status(as_json, **k8s):
     cluster; --k8s: the RayCluster's status."""
     if k8s_cli.wants_k8s(k8s):
         return k8s_cli.cluster_status(k8s, as_json)
-    from raytrain.cluster_status import workers_cell
+    from raytrain.clusters.ray_status import workers_cell
 
     report = cluster_report()
     if as_json:

@@ -82,7 +82,7 @@ _K8S_ONLY = {
 
 
 def _profile(flags: dict[str, Any]):
-    from raytrain.targets.cluster_profile import K8sProfile, default_k8s_profile, load_cluster_profile
+    from raytrain.clusters.profiles import K8sProfile, default_k8s_profile, load_cluster_profile
 
     path = flags.get("k8s_profile")
     if not path:
@@ -94,7 +94,7 @@ def _profile(flags: dict[str, Any]):
 
 
 def _connection(flags: dict[str, Any]):
-    from raytrain.targets.k8s_client import KubeConnection
+    from raytrain.clusters.k8s_client import KubeConnection
 
     return KubeConnection(flags.get("k8s_kubeconfig"), flags.get("k8s_context"))
 
@@ -173,7 +173,7 @@ def dry_run_document(request) -> dict[str, Any] | None:
 def print_dry_run(request, as_json: bool) -> None:
     """The exact manifests (YAML) a k8s submit would apply; with --json, the whole request."""
     from raytrain.cli.common import print_json
-    from raytrain.targets.k8s_manifests import to_yaml
+    from raytrain.clusters.k8s_manifests import to_yaml
 
     plan = request.plan
     if as_json:
@@ -195,7 +195,7 @@ def wants_k8s(flags: dict[str, Any]) -> bool:
         return True
     path = flags.get("k8s_profile")
     if path:
-        from raytrain.targets.cluster_profile import K8sProfile, load_cluster_profile
+        from raytrain.clusters.profiles import K8sProfile, load_cluster_profile
 
         if isinstance(load_cluster_profile(path), K8sProfile):
             return True
@@ -212,20 +212,20 @@ def refuse_local_flags(**values: Any) -> None:
 
 def local_up_args(flags: dict[str, Any], num_cpus, num_gpus, port, dashboard_port) -> dict[str, Any]:
     """`cluster up` flags over a `kind: local` profile over the defaults."""
-    from raytrain.targets import local_cluster
-    from raytrain.targets.cluster_profile import LocalProfile, load_cluster_profile
+    from raytrain.clusters import local_head
+    from raytrain.clusters.profiles import LocalProfile, load_cluster_profile
 
     profile = load_cluster_profile(flags["k8s_profile"]) if flags.get("k8s_profile") else LocalProfile()
     return {
         "num_cpus": num_cpus if num_cpus is not None else profile.num_cpus,
         "num_gpus": num_gpus if num_gpus is not None else profile.num_gpus,
-        "port": port or profile.port or local_cluster.DEFAULT_PORT,
-        "dashboard_port": dashboard_port or profile.dashboard_port or local_cluster.DEFAULT_DASHBOARD_PORT,
+        "port": port or profile.port or local_head.DEFAULT_PORT,
+        "dashboard_port": dashboard_port or profile.dashboard_port or local_head.DEFAULT_DASHBOARD_PORT,
     }
 
 
 def _clusters(flags: dict[str, Any]):
-    from raytrain.targets.k8s_cluster import RayClusters
+    from raytrain.clusters.raycluster import RayClusters
 
     profile = _profile(flags)
     conn = _connection(flags)
@@ -234,7 +234,7 @@ def _clusters(flags: dict[str, Any]):
 
 
 def cluster_up(flags: dict[str, Any], *, dry_run: bool = False) -> None:
-    from raytrain.targets.k8s_manifests import to_yaml
+    from raytrain.clusters.k8s_manifests import to_yaml
 
     profile, clusters, name = _clusters(flags)
     manifest = clusters.render(profile, name)
@@ -293,7 +293,7 @@ def jobs_target(flags: dict[str, Any]):
     if not flags.get("k8s"):
         _refuse_without_k8s(flags)
         return None
-    from raytrain.targets.cluster_profile import default_k8s_profile
+    from raytrain.clusters.profiles import default_k8s_profile
 
     conn = _connection(flags)
     if flags.get("k8s_cluster"):

@@ -18,10 +18,11 @@ from raytrain.capacity import Node
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError
 from raytrain.targets.base import JobHandle, Request
-from raytrain.targets.dashboard import user_token
-from raytrain.targets.k8s_client import Kube, KubeConnection, NotFound
-from raytrain.targets.k8s_cluster import RayClusters, dashboard_port, head_service_name
-from raytrain.targets.k8s_manifests import STORAGE_ANNOTATION, check_name, nodes_from_spec
+from raytrain.clusters.dashboard import user_token
+from raytrain.clusters.k8s_client import Kube, KubeConnection, NotFound
+from raytrain.clusters.raycluster import RayClusters, dashboard_port, head_service_name
+from raytrain.clusters.k8s_manifests import STORAGE_ANNOTATION, nodes_from_spec
+from raytrain.clusters.k8s_names import check_name
 from raytrain.targets.kuberay import K8sRequest
 from raytrain.targets.ray_jobs import RayJobsTarget
 

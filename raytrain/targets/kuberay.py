@@ -19,18 +19,18 @@ from raytrain.errors import ClusterError, ConfigError
 from raytrain.events import JobFacts
 from raytrain.status import JobInfo, job_state, rayjob_state
 from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, JobHandle, Request, Target
-from raytrain.targets.cluster_profile import K8sProfile
-from raytrain.targets.k8s_client import KubeConnection, NotFound, RayObjects
-from raytrain.targets.k8s_manifests import (
+from raytrain.clusters.profiles import K8sProfile
+from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects
+from raytrain.clusters.k8s_manifests import (
     MANAGED_BY,
     STORAGE_ANNOTATION,
-    check_name,
     nodes_from_spec,
     rayjob_name,
     render_raycluster_spec,
     render_rayjob,
     worker_pods_needed,
 )
+from raytrain.clusters.k8s_names import check_name
 
 ENTRYPOINT_MODULE = "raytrain.runtime.driver"
 SUBMITTER_CONTAINER = "ray-job-submitter"  # the container of KubeRay's submitter Job (K8sJobMode)
@@ -138,7 +138,7 @@ class RayJobTarget(Target):
 
     def _existing_cluster(self) -> dict:
         if self._cluster_obj is None:
-            from raytrain.targets.k8s_cluster import RayClusters
+            from raytrain.clusters.raycluster import RayClusters
 
             self._cluster_obj = RayClusters(self.conn, self.namespace).require(self.ray_cluster)
         return self._cluster_obj

@@ -5,7 +5,7 @@ import sys
 
 from raytrain import paths
 from raytrain.errors import ClusterError
-from raytrain.targets import local_cluster
+from raytrain.clusters import local_head
 from raytrain.targets.base import JobHandle, Request
 from raytrain.targets.ray_jobs import RayJobsTarget
 
@@ -17,11 +17,11 @@ class LocalTarget(RayJobsTarget):
 
     def __init__(self, *, auto_start: bool = True):
         self.auto_start = auto_start
-        self.cluster = local_cluster.current()
+        self.cluster = local_head.current()
         address = (
             self.cluster.dashboard_url
             if self.cluster
-            else f"http://127.0.0.1:{local_cluster.DEFAULT_DASHBOARD_PORT}"
+            else f"http://127.0.0.1:{local_head.DEFAULT_DASHBOARD_PORT}"
         )
         super().__init__(
             address, token=self.cluster.token if self.cluster else "", python=sys.executable, ship_raytrain=False
@@ -36,7 +36,7 @@ class LocalTarget(RayJobsTarget):
             return False
         if not self.auto_start:
             raise ClusterError("the local Ray cluster is not running; start it with `raytrain cluster up`")
-        self.cluster, started = local_cluster.up()
+        self.cluster, started = local_head.up()
         self._connect(self.cluster.dashboard_url, self.cluster.token)
         return started
 

@@ -18,7 +18,7 @@ from raytrain.targets.base import (
     Target,
     new_submission_id,
 )
-from raytrain.targets.dashboard import Dashboard, token_headers, user_token
+from raytrain.clusters.dashboard import Dashboard, token_headers, user_token
 
 METADATA_KEY = "raytrain"
 

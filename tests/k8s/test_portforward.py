@@ -10,7 +10,7 @@ import yaml
 
 from raytrain.config import Options, resolve
 from raytrain.errors import ClusterError
-from raytrain.targets.k8s_client import KubeConnection
+from raytrain.clusters.k8s_client import KubeConnection
 from raytrain.targets.k8s_portforward import KubePortForward, RayClusterJobsTarget, build_port_forward
 from tests.conftest import JOBS, ROOT
 
@@ -101,7 +101,7 @@ def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kube
 def test_no_pods_api_is_one_line(kube, namespace, cli):
     """The loopback server serves no Pods: the real forwarder says so in one line (a real cluster lists them)."""
     assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "nopods").exit_code == 0
-    from raytrain.targets.k8s_client import RayObjects
+    from raytrain.clusters.k8s_client import RayObjects
 
     request = build_port_forward(RayObjects(kube, "rayclusters", namespace).get("nopods"))
     try:

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from raytrain.cli.main import main
 from raytrain.errors import ConfigError
 from raytrain.status import JobState
-from raytrain.targets.cluster_profile import K8sProfile, LocalProfile, load_cluster_profile, parse_cluster_profile
-from raytrain.targets.k8s_manifests import (
-    check_name,
+from raytrain.clusters.profiles import K8sProfile, LocalProfile, load_cluster_profile, parse_cluster_profile
+from raytrain.clusters.k8s_names import check_name
+from raytrain.clusters.k8s_manifests import (
     nodes_from_spec,
     rayjob_name,
     render_raycluster,
@@ -197,7 +197,7 @@ def test_unreachable_api_server_fails_fast_in_one_line(raytrain_home, tmp_path):
 
 
 def test_context_and_namespace_come_from_the_kubeconfig_like_kubectl(raytrain_home, tmp_path):
-    from raytrain.targets.k8s_client import Kube
+    from raytrain.clusters.k8s_client import Kube
 
     path = _kubeconfig(tmp_path, contexts=("here", "there"))
     kube = Kube.connect(str(path))

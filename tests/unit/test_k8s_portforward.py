@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from raytrain.errors import ClusterError
-from raytrain.targets.dashboard import Dashboard
+from raytrain.clusters.dashboard import Dashboard
 from raytrain.targets.k8s_portforward import KubePortForward, PortForwardRequest
 
 

@@ -37,7 +37,7 @@ class _Conn:
 
 
 def _target(monkeypatch, status: dict, log: str) -> RayJobTarget:
-    from raytrain.targets.cluster_profile import default_k8s_profile
+    from raytrain.clusters.profiles import default_k8s_profile
 
     target = RayJobTarget(_Conn(), profile=default_k8s_profile(), namespace="team")
     obj = {"metadata": {"name": "cnn-x"}, "spec": {"metadata": {"name": "cnn"}}, "status": status}

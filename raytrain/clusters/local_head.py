@@ -1,6 +1,6 @@
 """The embedded Ray cluster's head: ``ray start --head --block`` in its own session.
 
-Single-node by default; with ``node_ip`` other machines can join it (`raytrain cluster join`, see ray_node).
+Single-node by default; with ``node_ip`` other machines can join it (`raytrain cluster join`, see joined_node).
 
 Its record lives in ``$RAYTRAIN_HOME/cluster.json``. The head runs with Ray's token auth and a token
 that only raytrain (and the user) can read, so raytrain's clients always authenticate and nothing else
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from raytrain import paths
 from raytrain.errors import ClusterError
-from raytrain.targets import ray_process
-from raytrain.targets.dashboard import Dashboard, token_headers
+from raytrain.clusters import ray_process
+from raytrain.clusters.dashboard import Dashboard, token_headers
 
 DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
 DEFAULT_DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_DASHBOARD_PORT", 8265))
@@ -54,7 +54,7 @@ class LocalCluster:
 
 
 def _record_path() -> Path:
-    return paths.home() / "cluster.json"
+    return ray_process.record_path("head")
 
 
 def _token_path() -> Path:
@@ -87,15 +87,13 @@ def up(
     (`raytrain cluster join`); the GCS address is recorded with it. The dashboard stays on 127.0.0.1.
     ``resources``: custom resources of the head node (``{"node_a": 1}``).
     """
-    from raytrain.targets import ray_node
-
     existing = current()
     if existing is not None:
         return existing, False
-    joined = ray_node.current()
+    joined = ray_process.live_record("node")
     if joined is not None:
         raise ClusterError(
-            f"this RAYTRAIN_HOME runs a node joined to {joined.gcs_address} (raytrain cluster join); "
+            f"this RAYTRAIN_HOME runs a node joined to {joined.get('gcs_address')} (raytrain cluster join); "
             "`raytrain cluster down` first"
         )
     temp_dir = ray_process.prepare_temp_dir()
@@ -120,7 +118,7 @@ def up(
             f"--ray-client-server-port={20001 + offset % 10000}",
             f"--dashboard-agent-listen-port={52365 + offset % 10000}",
         ]
-    cmd += ray_node.start_flags(num_cpus, num_gpus, node_ip, resources)
+    cmd += ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
     proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
     cluster = LocalCluster(
         pid=proc.pid,

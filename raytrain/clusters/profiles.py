@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from raytrain.clusters.k8s_names import check_name, check_namespace
 from raytrain.errors import ConfigError
 
 KUBERAY_KINDS = ("kuberay", "k8s", "kubernetes")
@@ -178,8 +179,6 @@ def _check_group(group: PodGroup, path: str, where: str) -> None:
 
 def check_k8s_profile(profile: K8sProfile, path: str = "<built-in>") -> K8sProfile:
     """Validate and normalize (quantities as strings, maps of strings). Raises ConfigError."""
-    from raytrain.targets.k8s_manifests import check_name, check_namespace
-
     check_name("RayCluster", profile.name, flag="--profile", what=f"--profile {path}: name")
     if profile.namespace is not None:
         check_namespace(profile.namespace, flag="--profile", what=f"--profile {path}: namespace")

@@ -6,15 +6,15 @@ from typing import Any
 
 from raytrain.capacity import Node
 from raytrain.errors import ClusterError
-from raytrain.targets.cluster_profile import K8sProfile
-from raytrain.targets.k8s_client import KubeConnection, RayObjects
-from raytrain.targets.k8s_manifests import (
+from raytrain.clusters.profiles import K8sProfile
+from raytrain.clusters.k8s_client import KubeConnection, RayObjects
+from raytrain.clusters.k8s_manifests import (
     DASHBOARD_PORT,
     STORAGE_ANNOTATION,
-    check_name,
     nodes_from_spec,
     render_raycluster,
 )
+from raytrain.clusters.k8s_names import check_name
 
 
 @dataclass

@@ -1,0 +1,190 @@
+"""What the embedded head (local_head) and a joined node (joined_node) share: one ``ray start --block``
+process in its own session, with token auth, a private temp dir and a JSON record in $RAYTRAIN_HOME (one
+such process per RAYTRAIN_HOME); and the ``ray start`` flags both take (checked as `cluster up` and
+`cluster join` give them)."""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+from raytrain import paths
+from raytrain.errors import ClusterError, ConfigError
+
+T = TypeVar("T")
+
+# The record of the one `ray start` process of a RAYTRAIN_HOME, by role.
+RECORDS = {"head": "cluster.json", "node": "node.json"}
+
+
+def record_path(role: str) -> Path:
+    return paths.home() / RECORDS[role]
+
+
+def live_record(role: str) -> dict | None:
+    """The raw record of this RAYTRAIN_HOME's head or joined node while its process runs, else None."""
+    return load_record(record_path(role), dict)
+
+
+def temp_dir() -> Path:
+    # Ray's unix socket paths must stay short (< 108 bytes): keep the temp dir out of deep folders.
+    override = os.environ.get("RAYTRAIN_RAY_TEMP_DIR")
+    return Path(override) if override else Path(f"/tmp/raytrain-{os.getuid()}")
+
+
+def prepare_temp_dir() -> Path:
+    path = temp_dir()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    clear_stale_ray_state(path)
+    return path
+
+
+def clear_stale_ray_state(path: Path) -> None:
+    # After a stop, <temp>/ray_current_cluster makes the next ray.init() think a cluster is running.
+    (path / "ray_current_cluster").unlink(missing_ok=True)
+
+
+def ray_executable() -> str:
+    candidate = Path(sys.executable).with_name("ray")
+    return str(candidate) if candidate.exists() else (shutil.which("ray") or "ray")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load_record(path: Path, cls: type[T]) -> T | None:
+    """The record at ``path`` if its process still runs; a stale or unreadable record is removed."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        record = cls(**data)
+        pid = data["pid"]
+    except (ValueError, TypeError, KeyError):
+        path.unlink(missing_ok=True)
+        return None
+    if not pid_alive(pid):
+        path.unlink(missing_ok=True)
+        return None
+    return record
+
+
+def spawn(args: list[str], *, token_path: Path, log_path: Path) -> subprocess.Popen:
+    """``ray ARGS`` in its own session (so Ctrl-C in the shell does not reach it), output to ``log_path``,
+    authenticating with the token in ``token_path``."""
+    env: dict[str, Any] = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_path),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    for key in ("RAY_AUTH_TOKEN", "RAY_ADDRESS"):
+        env.pop(key, None)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [ray_executable(), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+
+
+def log_tail(path: str | Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def terminate(pid: int, grace_s: float = 30.0) -> None:
+    """SIGTERM ``ray start --block`` (it stops every process it started), SIGKILL the group if needed."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return
+        except ChildProcessError:
+            if not pid_alive(pid):
+                return
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop(pid: int, temp: str, record: Path) -> None:
+    terminate(pid)
+    clear_stale_ray_state(Path(temp))
+    record.unlink(missing_ok=True)
+
+
+# -- the `ray start` flags `cluster up` and `cluster join` share ------------------------------------------
+def parse_resources(text: str | None) -> dict[str, float] | None:
+    """``--resources '{"node_a": 1}'`` -> a dict of custom resources (names to non-negative amounts)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--resources {text!r}: not JSON ({exc}); e.g. '{{\"node_a\": 1}}'", flag="--resources")
+    if not isinstance(value, dict):
+        raise ConfigError(f"--resources {text!r}: must be a JSON object, e.g. '{{\"node_a\": 1}}'", flag="--resources")
+    for name, amount in value.items():
+        if name in ("CPU", "GPU"):
+            raise ConfigError(f"--resources: {name} is set with --num-{name.lower()}s", flag="--resources")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ConfigError(f"--resources: {name!r} must be a number >= 0, not {amount!r}", flag="--resources")
+    return value
+
+
+def check_node_ip(ip: str | None) -> str | None:
+    """``--node-ip``: an IP address of this machine (Ray's processes bind to it)."""
+    if ip is None:
+        return None
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        raise ConfigError(f"--node-ip {ip!r}: not an IP address", flag="--node-ip")
+    family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, 0))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(f"--node-ip {ip}: not an address of this machine", flag="--node-ip")
+            raise ClusterError(f"--node-ip {ip}: cannot bind to it ({exc})")
+    return str(addr)
+
+
+def start_flags(num_cpus, num_gpus, node_ip, resources) -> list[str]:
+    """The `ray start` flags `up` and `join` share."""
+    flags = []
+    if num_cpus is not None:
+        flags.append(f"--num-cpus={num_cpus:g}")
+    if num_gpus is not None:
+        flags.append(f"--num-gpus={num_gpus:g}")
+    if node_ip is not None:
+        flags.append(f"--node-ip-address={node_ip}")
+    if resources:
+        flags.append(f"--resources={json.dumps(resources)}")
+    return flags
