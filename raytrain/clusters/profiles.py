@@ -250,3 +250,13 @@ def load_cluster_profile(path: str | Path) -> LocalProfile | K8sProfile:
 
 def default_k8s_profile() -> K8sProfile:
     return check_k8s_profile(K8sProfile())
+
+
+def load_k8s_profile(path: str | Path | None) -> K8sProfile:
+    """--profile for a Kubernetes command (the built-in default without one); a `kind: local` profile is refused."""
+    if not path:
+        return default_k8s_profile()
+    profile = load_cluster_profile(path)
+    if not isinstance(profile, K8sProfile):
+        raise ConfigError(f"--profile {path}: a `kind: local` profile cannot be used with --k8s", flag="--profile")
+    return profile

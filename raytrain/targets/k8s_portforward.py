@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 from raytrain.capacity import Node
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError
-from raytrain.targets.base import JobHandle, Request
+from raytrain.targets.base import STOP_WAIT_S, JobHandle, Request
 from raytrain.clusters.dashboard import user_token
 from raytrain.clusters.k8s_client import Kube, KubeConnection, NotFound
 from raytrain.clusters.raycluster import RayClusters, dashboard_port, head_service_name
@@ -217,8 +217,16 @@ class RayClusterJobsTarget(RayJobsTarget):
     def port_forward_request(self) -> PortForwardRequest:
         return build_port_forward(self.raycluster(), self.local_port)
 
-    def nodes(self) -> list[Node]:
+    def nodes(self, request: Request | None = None) -> list[Node]:
         return nodes_from_spec(self.raycluster().get("spec") or {})
+
+    def reconnect_flags(self) -> list[str]:
+        return ["--k8s"]
+
+    def stop_and_wait(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> str:
+        stopped = self.stop(job_id)
+        info = self.wait_until_ended(job_id, wait=wait and stopped, timeout_s=timeout_s)
+        return f"{job_id}: {info.state.value}" + ("" if info.state.terminal else " (stopping)")
 
     def default_storage(self) -> str | None:
         return ((self.raycluster().get("metadata") or {}).get("annotations") or {}).get(STORAGE_ANNOTATION)

@@ -1,7 +1,7 @@
 """RayJob target: a plan becomes a KubeRay RayJob custom resource, and the RayJob's status its job state.
 
-``dry_run(plan)`` renders the RayJob (pure apart from reading the kubeconfig or, with ``--cluster``, the
-RayCluster); ``submit(request)`` applies exactly that manifest, server-side, under a name chosen once per
+``dry_run(plan)`` renders the RayJob (pure: it reads the kubeconfig or, with ``--cluster``, the RayCluster,
+and changes neither the plan nor the target); ``submit(request)`` applies exactly that manifest, server-side, under a name chosen once per
 submission, so a retried submit finds its RayJob instead of starting the job twice.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, ConfigError
 from raytrain.events import JobFacts
 from raytrain.status import JobInfo, job_state, rayjob_state
-from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, JobHandle, Request, Target
+from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, STOP_WAIT_S, JobHandle, Request, Target
+from raytrain.targets.ray_jobs import with_default_storage
 from raytrain.clusters.profiles import K8sProfile
 from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects
 from raytrain.clusters.k8s_manifests import (
@@ -44,6 +45,30 @@ class K8sRequest(Request):
     namespace: str = ""
     manifests: list[dict[str, Any]] = field(default_factory=list)
     port_forward: dict[str, Any] | None = None
+
+    def to_text(self) -> str:
+        """The exact manifests (YAML) a submit applies; for the port-forward path (nothing is applied) the
+        port-forward and the Jobs API submission, as one YAML document."""
+        from raytrain.clusters.k8s_manifests import to_yaml
+
+        if not self.port_forward:
+            return to_yaml(self.manifests)
+        pf = self.port_forward
+        doc = {
+            "portForward": {**pf, "kubectl": f"kubectl port-forward -n {pf['namespace']} svc/{pf['service']} :{pf['remote_port']}"},
+            "jobSubmission": {
+                "address": self.address,
+                "submission_id": self.submission_id,
+                "entrypoint": self.entrypoint,
+                "entrypoint_num_cpus": self.entrypoint_num_cpus,
+                "metadata": self.metadata,
+                "runtime_env": self.runtime_env,
+            },
+        }
+        return (
+            "# Nothing is applied to the cluster: raytrain port-forwards to the head Service and\n"
+            "# submits through the Ray Jobs API, uploading the job's folder as working_dir.\n" + to_yaml([doc])
+        )
 
 
 def describe_status(status: dict[str, Any] | None) -> str:
@@ -115,7 +140,6 @@ class RayJobTarget(Target):
         self.poll_s = float(os.environ.get("RAYTRAIN_K8S_POLL_S", DEFAULT_POLL_S)) if poll_s is None else poll_s
         self._namespace: str | None = None
         self._cluster_obj: dict | None = None
-        self._worker_replicas: int | None = None
         if ray_cluster is not None:
             check_name("RayCluster", ray_cluster, flag="--cluster")
         if submission_id is not None:
@@ -143,11 +167,19 @@ class RayJobTarget(Target):
             self._cluster_obj = RayClusters(self.conn, self.namespace).require(self.ray_cluster)
         return self._cluster_obj
 
-    def nodes(self) -> list[Node]:
-        """Ray's view of the cluster the job will run on, from its spec (at full size)."""
+    def nodes(self, request: Request | None = None) -> list[Node]:
+        """Ray's view of the cluster the job will run on, from its spec (at full size): --cluster's, else the
+        one the request's RayJob brings (sized for the job), else the profile's."""
         if self.ray_cluster:
             return nodes_from_spec(self._existing_cluster().get("spec") or {})
-        return nodes_from_spec(render_raycluster_spec(self.profile, worker_replicas=self._worker_replicas))
+        if isinstance(request, K8sRequest) and request.manifests:
+            own = request.manifests[0].get("spec", {}).get("rayClusterSpec")
+            if own:
+                return nodes_from_spec(own)
+        return nodes_from_spec(render_raycluster_spec(self.profile))
+
+    def reconnect_flags(self) -> list[str]:
+        return ["--k8s"]
 
     # -- building the request (no side effects) ---------------------------------------------------------
     def _working_dir(self) -> str:
@@ -193,11 +225,11 @@ class RayJobTarget(Target):
 
     def dry_run(self, plan: Plan) -> K8sRequest:
         working_dir = self._working_dir()
-        if plan.storage is None and self.default_storage():
-            plan.storage = self.default_storage()
+        plan = with_default_storage(plan, self.default_storage())
         name = self.submission_id or rayjob_name(plan.name)
+        worker_replicas = 0
         if not self.ray_cluster:
-            self._worker_replicas = worker_pods_needed(
+            worker_replicas = worker_pods_needed(
                 self.profile, plan.scaling.num_workers, plan.scaling.resources_per_worker
             )
         entrypoint = f"{self.python} -m {ENTRYPOINT_MODULE}"
@@ -211,7 +243,7 @@ class RayJobTarget(Target):
             metadata=metadata,
             profile=self.profile,
             cluster=self.ray_cluster,
-            worker_replicas=self._worker_replicas or 0,
+            worker_replicas=worker_replicas,
         )
         return K8sRequest(
             target=self.kind,
@@ -351,6 +383,16 @@ class RayJobTarget(Target):
             return self.rayjobs.delete(job_id)
         self.rayjobs.merge_patch(job_id, {"spec": {"suspend": True}})
         return True
+
+    def stop_and_wait(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> str:
+        before = self.status(job_id, with_facts=False)
+        if not self.stop(job_id):
+            return f"{job_id}: {before.state.value} (had already ended)"
+        after = self.rayjobs.get(job_id)
+        if after is None or (after.get("metadata") or {}).get("deletionTimestamp"):
+            return f"{job_id}: RayJob deleted; KubeRay stops its Ray job on cluster {before.metadata.get('cluster')}"
+        info = self.wait_until_ended(job_id, wait=wait, timeout_s=timeout_s)
+        return f"{job_id}: {info.state.value}" + ("" if info.state.terminal else " (stopping)")
 
     def list(self) -> list[JobInfo]:
         items = self.rayjobs.list(label_selector=f"{MANAGED_BY}=raytrain")

@@ -209,9 +209,10 @@ def test_context_and_namespace_come_from_the_kubeconfig_like_kubectl(raytrain_ho
 
 
 def test_local_profile_fills_cluster_up_flags(raytrain_home, monkeypatch):
-    from raytrain.cli import k8s as k8s_cli
+    from raytrain.clusters.base import ClusterOptions
+    from raytrain.clusters.factory import make_cluster
 
-    got = k8s_cli.local_up_args({"k8s_profile": str(ROOT / "cluster" / "local.yaml")}, None, None, 7000, None)
+    got = make_cluster(ClusterOptions(profile=str(ROOT / "cluster" / "local.yaml"), port=7000)).settings()
     assert got == {"num_cpus": 2, "num_gpus": None, "port": 7000, "dashboard_port": 8265}
 
 
