@@ -114,6 +114,14 @@ def join(
         num_gpus=num_gpus,
         resources=resources,
     )
+    _wait_registered(node, proc, timeout_s)
+    _record_path().write_text(json.dumps(asdict(node), indent=2))
+    return node, True
+
+
+def _wait_registered(node: WorkerNode, proc, timeout_s: float) -> None:
+    """Until ``ray start`` says the head's GCS lists the node; stops it on a timeout."""
+    gcs_address, log_path = node.gcs_address, node.log_path
     deadline = time.monotonic() + timeout_s
     while STARTED_MARK not in Path(log_path).read_text(errors="replace"):
         if proc.poll() is not None:
@@ -133,8 +141,6 @@ def join(
                 + log_tail(log_path)
             )
         time.sleep(0.5)
-    _record_path().write_text(json.dumps(asdict(node), indent=2))
-    return node, True
 
 
 def down() -> WorkerNode | None:

@@ -99,6 +99,28 @@ def up(
     temp_dir = ray_process.prepare_temp_dir()
     token_path = _token_path()
     log_path = paths.home() / "cluster.log"
+    cmd = _head_command(port, dashboard_port, temp_dir) + ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
+    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
+    cluster = LocalCluster(
+        pid=proc.pid,
+        dashboard_url=f"http://127.0.0.1:{dashboard_port}",
+        gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
+        temp_dir=str(temp_dir),
+        token_path=str(token_path),
+        log_path=str(log_path),
+        started_at=time.time(),
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        node_ip=node_ip,
+        resources=resources,
+    )
+    _wait_until_up(cluster, proc, timeout_s)
+    _record_path().write_text(json.dumps(cluster.to_dict(), indent=2))
+    return cluster, True
+
+
+def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
+    """``ray start --head --block`` with the dashboard on 127.0.0.1 and every port derived from ours."""
     cmd = [
         "start",
         "--head",
@@ -118,21 +140,12 @@ def up(
             f"--ray-client-server-port={20001 + offset % 10000}",
             f"--dashboard-agent-listen-port={52365 + offset % 10000}",
         ]
-    cmd += ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
-    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
-    cluster = LocalCluster(
-        pid=proc.pid,
-        dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-        gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
-        temp_dir=str(temp_dir),
-        token_path=str(token_path),
-        log_path=str(log_path),
-        started_at=time.time(),
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        node_ip=node_ip,
-        resources=resources,
-    )
+    return cmd
+
+
+def _wait_until_up(cluster: LocalCluster, proc, timeout_s: float) -> None:
+    """Until the dashboard answers, its Jobs API too, and it lists a node; stops the head on a timeout."""
+    log_path = cluster.log_path
     deadline = time.monotonic() + timeout_s
     dashboard = cluster.dashboard()
     while True:
@@ -150,8 +163,6 @@ def up(
             ray_process.terminate(proc.pid)
             raise ClusterError(f"the local Ray cluster did not come up within {timeout_s:.0f} s; see {log_path}")
         time.sleep(0.5)
-    _record_path().write_text(json.dumps(cluster.to_dict(), indent=2))
-    return cluster, True
 
 
 def down() -> LocalCluster | None:
