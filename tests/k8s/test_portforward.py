@@ -1,6 +1,6 @@
 """`submit --k8s --cluster NAME`: the port-forward request, built from the RayCluster the API server holds.
 
-No pod can be reached here, so the tunnel itself is tested in tests/unit/test_k8s_portforward.py (over a
+No pod can be reached here, so the tunnel itself is tested in tests/unit/test_k8s_tunnel.py (over a
 local socket) and the Jobs-API half in tests/e2e/test_k8s_portforward.py (against the real local Ray cluster).
 """
 import json
@@ -11,7 +11,8 @@ import yaml
 from raytrain.config import Options, resolve
 from raytrain.errors import ClusterError
 from raytrain.clusters.k8s_client import KubeConnection
-from raytrain.targets.k8s_portforward import KubePortForward, RayClusterJobsTarget, build_port_forward
+from raytrain.clusters.k8s_tunnel import KubePortForward, build_port_forward
+from raytrain.targets.k8s_portforward import RayClusterJobsTarget
 from tests.conftest import JOBS, ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
