@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 
 from raytrain.cli.common import handle_errors
-from raytrain.errors import ConfigError
 from raytrain.clusters import joined_node, ray_process
+from raytrain.errors import ConfigError
 
 
 @click.command()

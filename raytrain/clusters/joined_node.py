@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raytrain import paths
-from raytrain.errors import ClusterError, ConfigError
 from raytrain.clusters import ray_process
+from raytrain.errors import ClusterError, ConfigError
 
 JOIN_TIMEOUT_S = float(os.environ.get("RAYTRAIN_JOIN_TIMEOUT_S", 90))
 STARTED_MARK = "Ray runtime started."

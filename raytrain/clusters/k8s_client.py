@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raytrain.errors import ClusterError, ConfigError
 from raytrain.clusters.k8s_manifests import FIELD_MANAGER, GROUP, VERSION
 from raytrain.clusters.k8s_names import check_namespace
+from raytrain.errors import ClusterError, ConfigError
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0

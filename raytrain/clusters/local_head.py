@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raytrain import paths
-from raytrain.errors import ClusterError
 from raytrain.clusters import ray_process
 from raytrain.clusters.dashboard import Dashboard, token_headers
+from raytrain.errors import ClusterError
 
 DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
 DEFAULT_DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_DASHBOARD_PORT", 8265))

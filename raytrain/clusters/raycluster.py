@@ -7,8 +7,6 @@ from typing import Any
 
 from raytrain.capacity import Node
 from raytrain.clusters.base import Cluster
-from raytrain.clusters.profiles import K8sProfile
-from raytrain.errors import ClusterError
 from raytrain.clusters.k8s_client import KubeConnection, RayObjects
 from raytrain.clusters.k8s_manifests import (
     DASHBOARD_PORT,
@@ -18,6 +16,8 @@ from raytrain.clusters.k8s_manifests import (
     to_yaml,
 )
 from raytrain.clusters.k8s_names import check_name
+from raytrain.clusters.profiles import K8sProfile
+from raytrain.errors import ClusterError
 
 
 @dataclass

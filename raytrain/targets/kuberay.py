@@ -1,8 +1,9 @@
 """RayJob target: a plan becomes a KubeRay RayJob custom resource, and the RayJob's status its job state.
 
 ``dry_run(plan)`` renders the RayJob (pure: it reads the kubeconfig or, with ``--cluster``, the RayCluster,
-and changes neither the plan nor the target); ``submit(request)`` applies exactly that manifest, server-side, under a name chosen once per
-submission, so a retried submit finds its RayJob instead of starting the job twice.
+and changes neither the plan nor the target); ``submit(request)`` applies exactly that manifest, server-side,
+under a name chosen once per submission, so a retried submit finds its RayJob instead of starting the job
+twice.
 """
 from __future__ import annotations
 
@@ -14,13 +15,6 @@ from typing import Any, Callable
 
 import raytrain
 from raytrain.capacity import Node
-from raytrain.config.plan import Plan
-from raytrain.errors import ClusterError, ConfigError
-from raytrain.events import JobFacts
-from raytrain.status import JobInfo, job_state, rayjob_state
-from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, STOP_WAIT_S, JobHandle, Request, Target
-from raytrain.targets.ray_jobs import with_default_storage
-from raytrain.clusters.profiles import K8sProfile
 from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects
 from raytrain.clusters.k8s_manifests import (
     MANAGED_BY,
@@ -32,6 +26,13 @@ from raytrain.clusters.k8s_manifests import (
     worker_pods_needed,
 )
 from raytrain.clusters.k8s_names import check_name
+from raytrain.clusters.profiles import K8sProfile
+from raytrain.config.plan import Plan
+from raytrain.errors import ClusterError, ConfigError
+from raytrain.events import JobFacts
+from raytrain.status import JobInfo, job_state, rayjob_state
+from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, STOP_WAIT_S, JobHandle, Request, Target
+from raytrain.targets.ray_jobs import with_default_storage
 
 ENTRYPOINT_MODULE = "raytrain.runtime.driver"
 SUBMITTER_CONTAINER = "ray-job-submitter"  # the container of KubeRay's submitter Job (K8sJobMode)
@@ -54,8 +55,9 @@ class K8sRequest(Request):
         if not self.port_forward:
             return to_yaml(self.manifests)
         pf = self.port_forward
+        kubectl = f"kubectl port-forward -n {pf['namespace']} svc/{pf['service']} :{pf['remote_port']}"
         doc = {
-            "portForward": {**pf, "kubectl": f"kubectl port-forward -n {pf['namespace']} svc/{pf['service']} :{pf['remote_port']}"},
+            "portForward": {**pf, "kubectl": kubectl},
             "jobSubmission": {
                 "address": self.address,
                 "submission_id": self.submission_id,

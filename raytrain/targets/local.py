@@ -5,8 +5,8 @@ import sys
 
 from raytrain import paths
 from raytrain.capacity import Node
-from raytrain.errors import ClusterError
 from raytrain.clusters import local_head
+from raytrain.errors import ClusterError
 from raytrain.targets.base import JobHandle, Request
 from raytrain.targets.ray_jobs import RayJobsTarget
 

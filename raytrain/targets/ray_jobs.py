@@ -8,6 +8,7 @@ from typing import Callable
 
 import raytrain
 from raytrain.capacity import Node
+from raytrain.clusters.dashboard import Dashboard, token_headers, user_token
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, RaytrainError
 from raytrain.events import JobFacts
@@ -20,7 +21,6 @@ from raytrain.targets.base import (
     Target,
     new_submission_id,
 )
-from raytrain.clusters.dashboard import Dashboard, token_headers, user_token
 
 METADATA_KEY = "raytrain"
 
