@@ -12,27 +12,15 @@ from raytrain.capacity import capacity_problem, tensor_group_problem
 from raytrain.config import Options, Plan, resolve
 from raytrain.errors import ClusterError, JobFailed
 from raytrain.events import CAPACITY, INVALID, JobFacts
-from raytrain.jobs.state import JobInfo, JobState
-from raytrain.targets import JobHandle, Request, Target, make_target
-
-
-def _cluster_has_gpus(target: Target) -> bool:
-    """Read-only look at the cluster (or, for a local cluster not yet started, at this machine)."""
-    from raytrain.targets.local import LocalTarget
-
-    if isinstance(target, LocalTarget) and target.cluster is None:
-        from raytrain.nvml import gpu_count
-
-        return gpu_count() > 0
-    try:
-        return any(n.resources.get("GPU", 0) > 0 for n in target.nodes())
-    except ClusterError:
-        return False
+from raytrain.status import JobInfo, JobState
+from raytrain.targets.base import JobHandle, Request, Target
+from raytrain.targets.factory import TargetOptions, make_target
 
 
 def plan(options: Options, target: Target | None = None) -> tuple[Target, Plan]:
-    target = target or make_target(options.address)
-    has_gpus = _cluster_has_gpus(target) if options.gpus_per_worker is None else False
+    target = target or make_target(TargetOptions(address=options.address))
+    # A read-only look at the cluster (or, for a local cluster not yet started, at this machine).
+    has_gpus = target.has_gpus() if options.gpus_per_worker is None else False
     the_plan = resolve(options, cluster_has_gpus=has_gpus)
     check_tensor_split(the_plan)
     return target, the_plan
@@ -78,9 +66,10 @@ def dry_run(options: Options, target: Target | None = None) -> tuple[Target, Req
     return target, request
 
 
-def check_capacity(target: Target, the_plan: Plan) -> None:
-    """Refuse, before submitting, a request the cluster can never hold."""
-    nodes = target.nodes()
+def check_capacity(target: Target, the_plan: Plan, request: Request | None = None) -> None:
+    """Refuse, before submitting, a request the cluster can never hold (with ``request``: the cluster that
+    request runs on, e.g. the one a RayJob brings)."""
+    nodes = target.nodes(request)
     scaling = the_plan.scaling
     problem = capacity_problem(scaling.num_workers, scaling.resources_per_worker, nodes, scaling.min_workers)
     problem = problem or tensor_group_problem(
@@ -91,11 +80,9 @@ def check_capacity(target: Target, the_plan: Plan) -> None:
 
 
 def check_resume(target: Target, the_plan: Plan) -> None:
-    """On the local cluster the run's storage is on this machine: check --resume before submitting
+    """Where the run's storage is on this machine (the local cluster): check --resume before submitting
     (the driver checks again on the cluster, where it also covers remote clusters)."""
-    from raytrain.targets.local import LocalTarget
-
-    if the_plan.resume and isinstance(target, LocalTarget):
+    if the_plan.resume and target.storage_is_local:
         from raytrain.checkpoints import resolve_resume
 
         resolve_resume(the_plan.resume, the_plan.storage)
@@ -103,10 +90,8 @@ def check_resume(target: Target, the_plan: Plan) -> None:
 
 def submit_request(target: Target, request: Request) -> JobHandle:
     check_resume(target, request.plan)
-    ensure = getattr(target, "ensure_running", None)
-    if ensure is not None:
-        ensure()
-    check_capacity(target, request.plan)
+    target.ensure_running()
+    check_capacity(target, request.plan, request)
     return target.submit(_with_client_timings(request))
 
 
@@ -133,7 +118,7 @@ def wait(
     handle: JobHandle, target: Target | None = None, on_text: Callable[[str], None] | None = None
 ) -> JobInfo:
     """Follow the job's log until it ends; the final JobInfo (with facts). Raises JobFailed on failure."""
-    target = target or make_target(handle.address if handle.target != "local" else None)
+    target = target or make_target(TargetOptions(address=handle.address if handle.target != "local" else None))
     target.follow(handle.job_id, on_text or (lambda _text: None))
     info = target.status(handle.job_id)
     if info.facts and info.facts.error and info.facts.error.get("event") in (CAPACITY, INVALID):

@@ -1,15 +1,38 @@
-"""`raytrain cluster up|status|down`: the embedded local Ray cluster."""
+"""`raytrain cluster up|status|down`: the embedded local Ray cluster, or a KubeRay RayCluster (--k8s)."""
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from raytrain.cli import k8s as k8s_cli
 from raytrain.cli.cluster_join import join
-from raytrain.cli.common import handle_errors, print_json
-from raytrain.errors import ClusterError
-from raytrain.targets import local_cluster, ray_node
+from raytrain.cli.common import handle_errors, k8s_connection_options, print_json, with_options
+from raytrain.clusters import local_head
+from raytrain.clusters.base import ClusterOptions
+from raytrain.clusters.factory import make_cluster
+
+# Which cluster: `cluster up|status|down [--k8s] [--profile FILE] [--name N] [--namespace NS]`.
+cluster_options = with_options(
+    click.option("--k8s", "k8s", is_flag=True, help="A KubeRay RayCluster instead of the local cluster."),
+    click.option("--profile", "k8s_profile", type=click.Path(), metavar="FILE",
+                 help="Cluster profile (cluster/local.yaml, cluster/k8s-example.yaml)."),
+    click.option("--name", "k8s_name", metavar="N", help="k8s: RayCluster name (default: the profile's, 'raytrain')."),
+    k8s_connection_options,
+)
+
+
+def _cluster(flags: dict[str, Any], **local: Any):
+    return make_cluster(ClusterOptions(
+        k8s=bool(flags.get("k8s")),
+        profile=flags.get("k8s_profile"),
+        name=flags.get("k8s_name"),
+        namespace=flags.get("k8s_namespace"),
+        context=flags.get("k8s_context"),
+        kubeconfig=flags.get("k8s_kubeconfig"),
+        **local,
+    ))
 
 
 @click.group()
@@ -21,101 +44,50 @@ def cluster():
 @cluster.command()
 @click.option("--num-cpus", type=float, help="CPUs the cluster offers (default: all).")
 @click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
-@click.option("--port", type=int, help=f"GCS port (default {local_cluster.DEFAULT_PORT}).")
-@click.option("--dashboard-port", type=int, help=f"Default {local_cluster.DEFAULT_DASHBOARD_PORT}.")
+@click.option("--port", type=int, help=f"GCS port (default {local_head.DEFAULT_PORT}).")
+@click.option("--dashboard-port", type=int, help=f"Default {local_head.DEFAULT_DASHBOARD_PORT}.")
 @click.option("--node-ip", help="This machine's address for Ray (other machines join via it). Default: loopback.")
 @click.option("--resources", "resources_json", help='Custom resources of this node as JSON: \'{"node_a": 1}\'.')
-@k8s_cli.cluster_options
+@cluster_options
 @click.option("--dry-run", is_flag=True, help="k8s: print the RayCluster manifest (YAML); apply nothing.")
 @handle_errors
-def up(num_cpus, num_gpus, port, dashboard_port, node_ip, resources_json, dry_run, **k8s):
+def up(num_cpus, num_gpus, port, dashboard_port, node_ip, resources_json, dry_run, **flags):
     """Start the local cluster (no-op if it runs); --k8s: create or update the RayCluster (server-side apply)."""
-    if k8s_cli.wants_k8s(k8s):
-        k8s_cli.refuse_local_flags(
-            num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port,
-            node_ip=node_ip, resources=resources_json,
-        )
-        return k8s_cli.cluster_up(k8s, dry_run=dry_run)
-    if dry_run:
-        raise ClusterError("--dry-run: only with --k8s (a RayCluster manifest)")
-    args = k8s_cli.local_up_args(k8s, num_cpus, num_gpus, port, dashboard_port)
-    num_cpus, num_gpus, port, dashboard_port = args["num_cpus"], args["num_gpus"], args["port"], args["dashboard_port"]
-    for flag, value in (("--num-cpus", num_cpus), ("--num-gpus", num_gpus)):
-        if value is not None and value < 0:
-            raise ClusterError(f"{flag} {value:g}: must be >= 0")
-    resources = ray_node.parse_resources(resources_json)
-    node_ip = ray_node.check_node_ip(node_ip)
-    c, started = local_cluster.up(
-        num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port,
-        node_ip=node_ip, resources=resources,
-    )
-    verb = "started" if started else "already running"
-    click.echo(f"local Ray cluster {verb}: dashboard {c.dashboard_url}, GCS {c.gcs_address} (pid {c.pid})")
-    click.echo(ray_node.token_hint(c.token_path, c.gcs_address))
+    c = _cluster(flags, num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port,
+                 node_ip=node_ip, resources=resources_json)
+    click.echo(c.up(dry_run=dry_run), nl=False)
 
 
 @cluster.command()
-@k8s_cli.cluster_options
+@cluster_options
 @handle_errors
-def down(**k8s):
+def down(**flags):
     """Stop the local cluster (or the node `cluster join` started) and every job on it; --k8s: delete the
     RayCluster."""
-    if k8s_cli.wants_k8s(k8s):
-        return k8s_cli.cluster_down(k8s)
-    node = ray_node.down()
-    if node is not None:
-        click.echo(f"worker node stopped (was joined to {node.gcs_address})")
-    c = local_cluster.down()
-    if c is not None or node is None:
-        click.echo("local Ray cluster stopped" if c else "no local Ray cluster is running")
+    click.echo(_cluster(flags).down(), nl=False)
 
 
 cluster.add_command(join)
 
 
-def cluster_report() -> dict:
-    from raytrain import cluster_status
-    from raytrain.targets.local import LocalTarget
-
-    c = local_cluster.current()
-    if c is None:
-        return {"running": False}
-    dash = c.dashboard()
-    nodes = cluster_status.nodes_of(dash.node_summaries())
-    # node["workers"]: the jobs whose Ray Train workers run there (None: the state API did not answer)
-    workers_error = cluster_status.add_worker_placement(dash, nodes)
-    jobs = [j.to_dict() for j in LocalTarget().list() if not j.state.terminal]
-    return {
-        "running": True,
-        "dashboard": c.dashboard_url,
-        "gcs_address": c.gcs_address,
-        "pid": c.pid,
-        "nodes": nodes,
-        "totals": {
-            "cpus": sum(n["cpus"] for n in nodes),
-            "gpus": sum(n["gpus"] for n in nodes),
-            "memory_total_bytes": sum(n["memory_total_bytes"] for n in nodes),
-        },
-        "jobs": jobs,
-        "workers_error": workers_error,
-    }
-
-
 @cluster.command()
 @click.option("--json", "as_json", is_flag=True)
-@k8s_cli.cluster_options
+@cluster_options
 @handle_errors
-def status(as_json, **k8s):
+def status(as_json, **flags):
     """Nodes (CPUs, GPUs, memory, the jobs whose Ray Train workers run there) and running jobs of the local
     cluster; --k8s: the RayCluster's status."""
-    if k8s_cli.wants_k8s(k8s):
-        return k8s_cli.cluster_status(k8s, as_json)
-    from raytrain.cluster_status import workers_cell
-
-    report = cluster_report()
+    c = _cluster(flags)
+    report = c.status()
     if as_json:
         print_json(report)
         return
+    PRINT_STATUS[c.kind](report)
+
+
+def _print_local_status(report: dict) -> None:
+    from raytrain.clusters.ray_status import workers_cell
+
     if not report["running"]:
         click.echo("no local Ray cluster is running (start one: raytrain cluster up)")
         return
@@ -144,3 +116,28 @@ def status(as_json, **k8s):
         console.print(jobs)
     else:
         console.print("no running jobs")
+
+
+def _print_raycluster_status(report: dict) -> None:
+    if not report["exists"]:
+        click.echo(
+            f"no RayCluster {report['name']!r} in namespace {report['namespace']} (create it: raytrain cluster up --k8s)"
+        )
+        return
+    workers = report["available_workers"]
+    desired = report["desired_workers"]
+    click.echo(f"RayCluster {report['namespace']}/{report['name']}: {report['state']}"
+               + (f" ({report['reason']})" if report["reason"] else ""))
+    if desired is not None or workers is not None:
+        click.echo(f"  workers   {workers if workers is not None else '?'}/{desired if desired is not None else '?'} available")
+    for g in report["worker_groups"]:
+        limits = ", ".join(f"{k} {v}" for k, v in g["limits"].items())
+        click.echo(f"  group     {g['name']}: {g['replicas']} x ({limits})")
+    click.echo(f"  capacity  {report['totals']['cpus']:g} CPU, {report['totals']['gpus']:g} GPU (Ray's view at full size)")
+    click.echo(f"  head      svc/{report['head_service']} (ClusterIP), dashboard port {report['dashboard_port']}")
+    if report["storage"]:
+        click.echo(f"  storage   {report['storage']}")
+
+
+# How a person reads each kind of cluster's status report (the library chose the cluster).
+PRINT_STATUS: dict[str, Callable[[dict], None]] = {"local": _print_local_status, "kuberay": _print_raycluster_status}

@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 
 from raytrain.cli.common import handle_errors
+from raytrain.clusters import joined_node, ray_process
 from raytrain.errors import ConfigError
-from raytrain.targets import ray_node
 
 
 @click.command()
@@ -16,7 +16,7 @@ from raytrain.targets import ray_node
 @click.option("--node-ip", help="This machine's address for Ray (default: the one that routes to the head).")
 @click.option("--resources", "resources_json", help='Custom resources of this node as JSON: \'{"node_b": 1}\'.')
 @click.option(
-    "--timeout", "timeout_s", type=float, default=ray_node.JOIN_TIMEOUT_S, show_default=True,
+    "--timeout", "timeout_s", type=float, default=joined_node.JOIN_TIMEOUT_S, show_default=True,
     help="Seconds to wait until the head lists this node.",
 )
 @handle_errors
@@ -26,9 +26,9 @@ def join(gcs_address, token_file, num_cpus, num_gpus, node_ip, resources_json, t
     for flag, value in (("--num-cpus", num_cpus), ("--num-gpus", num_gpus)):
         if value is not None and value < 0:
             raise ConfigError(f"{flag} {value:g}: must be >= 0", flag=flag)
-    resources = ray_node.parse_resources(resources_json)
-    node_ip = ray_node.check_node_ip(node_ip)
-    node, started = ray_node.join(
+    resources = ray_process.parse_resources(resources_json)
+    node_ip = ray_process.check_node_ip(node_ip)
+    node, started = joined_node.join(
         gcs_address, token_file=token_file, num_cpus=num_cpus, num_gpus=num_gpus, node_ip=node_ip,
         resources=resources, timeout_s=timeout_s,
     )

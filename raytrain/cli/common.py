@@ -35,3 +35,24 @@ address_option = click.option(
     default=None,
     help="Ray dashboard/Jobs address (http://HEAD:8265). Default: the local cluster. Env: RAYTRAIN_ADDRESS.",
 )
+
+
+def with_options(*decorators: Callable) -> Callable:
+    """Several Click options as one decorator (listed in the order --help shows them)."""
+
+    def apply(fn: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+
+    return apply
+
+
+# How to reach a Kubernetes API server: `submit`, `cluster` and `jobs` take the same three options.
+k8s_connection_options = with_options(
+    click.option("--namespace", "-n", "k8s_namespace", metavar="NS",
+                 help="Kubernetes namespace (default: the profile's, else the kubeconfig context's)."),
+    click.option("--context", "k8s_context", metavar="CTX", help="kubeconfig context (default: the current one)."),
+    click.option("--kubeconfig", "k8s_kubeconfig", type=click.Path(), metavar="FILE",
+                 help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)."),
+)

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raytrain.cli.common import address_option, handle_errors, print_json
-from raytrain.targets import make_target
+from raytrain.targets.factory import TargetOptions, make_target
 
 
 def _fmt(value, unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
@@ -46,8 +46,8 @@ def gpu_table(nodes: list[dict]) -> Table:
 @handle_errors
 def gpus(address, as_json):
     """Inventory of every GPU in the cluster: memory, bandwidth, SMs, utilisation, temperature, power."""
-    target = make_target(address, auto_start=False)
-    if getattr(target, "cluster", True) is None:  # local, not running: this machine is the cluster
+    target = make_target(TargetOptions(address=address), auto_start=False)
+    if not target.running():  # local, not running: this machine is the cluster
         import socket
 
         from raytrain.nvml import gpu_inventory

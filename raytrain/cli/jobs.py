@@ -9,10 +9,37 @@ from rich.console import Console
 from rich.table import Table
 
 from raytrain import timings
-from raytrain.cli import k8s as k8s_cli
-from raytrain.cli.common import address_option, handle_errors, print_json
+from raytrain.cli.common import address_option, handle_errors, k8s_connection_options, print_json, with_options
 from raytrain.cli.progress import describe_metrics, describe_preflight, describe_resize
-from raytrain.targets import make_target
+from raytrain.targets.base import Target
+from raytrain.targets.factory import TargetOptions, make_target
+
+# `jobs ... --k8s [--cluster NAME]`: RayJobs, or the jobs of a RayCluster's Jobs API (port-forward).
+target_options = with_options(
+    click.option("--k8s", "k8s", is_flag=True,
+                 help="RayJobs on Kubernetes (or, with --cluster, Ray jobs on that RayCluster via port-forward)."),
+    click.option("--cluster", "k8s_cluster", metavar="NAME",
+                 help="k8s: jobs submitted to this RayCluster through its Jobs API (port-forward)."),
+    k8s_connection_options,
+)
+
+
+def _target(address: str | None, flags: dict) -> Target:
+    """The cluster the jobs are on; never starts the local one. With --k8s (which wins over --address):
+    RayJobs, or with --cluster that RayCluster's Jobs API."""
+    k8s = bool(flags.get("k8s"))
+    return make_target(
+        TargetOptions(
+            address=None if k8s else address,
+            k8s=k8s,
+            cluster=flags.get("k8s_cluster"),
+            rayjob=k8s and not flags.get("k8s_cluster"),
+            namespace=flags.get("k8s_namespace"),
+            context=flags.get("k8s_context"),
+            kubeconfig=flags.get("k8s_kubeconfig"),
+        ),
+        auto_start=False,
+    )
 
 
 def _when(ts: float | None) -> str:
@@ -34,12 +61,12 @@ def jobs():
 @jobs.command("list")
 @address_option
 @click.option("--json", "as_json", is_flag=True)
-@k8s_cli.jobs_options
+@target_options
 @handle_errors
 def list_jobs(address, as_json, **k8s):
     """Every raytrain job on the cluster, newest first (--k8s: RayJobs)."""
-    target = k8s_cli.jobs_target(k8s) or make_target(address, auto_start=False)
-    infos = target.list() if getattr(target, "cluster", True) is not None else []
+    target = _target(address, k8s)
+    infos = target.list() if target.running() else []
     if as_json:
         print_json([i.to_dict() for i in infos])
         return
@@ -61,11 +88,11 @@ def list_jobs(address, as_json, **k8s):
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--timings", "show_timings", is_flag=True,
               help="Where the time went from the command's start to step 1, phase by phase.")
-@k8s_cli.jobs_options
+@target_options
 @handle_errors
 def status(job_id, address, as_json, show_timings, **k8s):
     """State, last metrics and outcome of one job."""
-    info = (k8s_cli.jobs_target(k8s) or make_target(address, auto_start=False)).status(job_id)
+    info = _target(address, k8s).status(job_id)
     rows = timings.timeline(info.facts.timings if info.facts else [], info.start_time) if show_timings else None
     if as_json:
         out = info.to_dict()
@@ -102,11 +129,11 @@ def status(job_id, address, as_json, show_timings, **k8s):
 @click.argument("job_id")
 @address_option
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
-@k8s_cli.jobs_options
+@target_options
 @handle_errors
 def logs(job_id, address, follow, **k8s):
     """The job's log (driver and workers)."""
-    target = k8s_cli.jobs_target(k8s) or make_target(address, auto_start=False)
+    target = _target(address, k8s)
     if follow:
         try:
             target.follow(job_id, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
@@ -120,17 +147,8 @@ def logs(job_id, address, follow, **k8s):
 @click.argument("job_id")
 @address_option
 @click.option("--wait/--no-wait", default=True, help="Wait until the job has stopped (default).")
-@k8s_cli.jobs_options
+@target_options
 @handle_errors
 def stop(job_id, address, wait, **k8s):
     """Stop a job and free its workers (--k8s: suspend or delete the RayJob)."""
-    if k8s_cli.enabled(k8s):
-        return k8s_cli.stop_job(k8s, job_id, wait)
-    target = make_target(address, auto_start=False)
-    target.stop(job_id)
-    info = target.status(job_id, with_facts=False)
-    deadline = time.monotonic() + 60
-    while wait and not info.state.terminal and time.monotonic() < deadline:
-        time.sleep(0.5)
-        info = target.status(job_id, with_facts=False)
-    click.echo(f"{job_id}: {info.state.value}")
+    click.echo(_target(address, k8s).stop_and_wait(job_id, wait=wait))

@@ -7,19 +7,52 @@ import click
 from rich.console import Console
 
 from raytrain import api
-from raytrain.cli import k8s as k8s_cli
-from raytrain.cli.common import handle_errors, print_json
+from raytrain.cli.common import handle_errors, k8s_connection_options, print_json, with_options
 from raytrain.cli.options import options_from_flags, submit_options
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
+from raytrain.config.options import Options
+from raytrain.targets.factory import TargetOptions, make_target
 
 
 def _target_flags(target) -> str:
     """The flags that point `raytrain jobs ...` at the same cluster as this submit."""
-    if target.kind == "address":
-        return f" --address {target.address}"
-    if target.kind.startswith("kuberay"):
-        return " --k8s"
-    return ""
+    return "".join(f" {flag}" for flag in target.reconnect_flags())
+
+
+# Where the plan is submitted (with --address, which submit_options declares): `submit --k8s [--cluster NAME]
+# [--rayjob] ...`. The library's target factory checks the combinations.
+target_options = with_options(
+    click.option("--k8s", "k8s", is_flag=True,
+                 help="Submit to KubeRay: through a port-forward to --cluster's head, or as a RayJob (--rayjob)."),
+    click.option("--cluster", "k8s_cluster", metavar="NAME",
+                 help="k8s: the RayCluster to run on (default without --rayjob: the profile's name, 'raytrain')."),
+    click.option("--rayjob", "k8s_rayjob", is_flag=True,
+                 help="k8s: create a RayJob (its own cluster, or --cluster's) for code in the image or at a URI."),
+    click.option("--profile", "k8s_profile", type=click.Path(), metavar="FILE",
+                 help="k8s: cluster profile (cluster/k8s-example.yaml) for the RayJob's cluster and defaults."),
+    click.option("--working-dir", "k8s_working_dir", metavar="URI|PATH",
+                 help="k8s --rayjob: the job's folder as the cluster sees it (s3://..., https://....zip, /app)."),
+    click.option("--submission-id", "k8s_submission_id", metavar="ID",
+                 help="k8s --rayjob: the RayJob name; submitting the same id again never starts a second job."),
+    k8s_connection_options,
+)
+
+
+def target_options_from_flags(options: Options, flags: dict) -> TargetOptions:
+    """--k8s and its options; the address is the submit's (flag, $RAYTRAIN_ADDRESS, else --config's)."""
+    return TargetOptions(
+        # with --k8s only an --address flag (or $RAYTRAIN_ADDRESS) conflicts; a --config profile's is ignored
+        address=flags.get("address") if flags.get("k8s") else options.address,
+        k8s=bool(flags.get("k8s")),
+        cluster=flags.get("k8s_cluster"),
+        rayjob=bool(flags.get("k8s_rayjob")),
+        profile=flags.get("k8s_profile"),
+        working_dir=flags.get("k8s_working_dir"),
+        submission_id=flags.get("k8s_submission_id"),
+        namespace=flags.get("k8s_namespace"),
+        context=flags.get("k8s_context"),
+        kubeconfig=flags.get("k8s_kubeconfig"),
+    )
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +64,7 @@ def _target_flags(target) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the progress line, not the job's log.")
 @click.option("--stop-on-interrupt", is_flag=True, help="Ctrl-C stops the job (default: it keeps running).")
-@k8s_cli.submit_options
+@target_options
 @handle_errors
 def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, **flags):
     """Run JOB.py's train(ctx) on Ray workers with DeepSpeed, or (script mode) a deepspeed/torchrun script.
@@ -39,8 +72,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
     Arguments after `--` are passed to the job as ctx.args, or to the script as its command line.
     """
     options = options_from_flags(job, job_args, **flags)
-    k8s_target = k8s_cli.submit_target(flags)  # None unless --k8s
-    target, request = api.dry_run(options, k8s_target)
+    target, request = api.dry_run(options, make_target(target_options_from_flags(options, flags)))
     plan = request.plan
     if plan.mode == "script":
         from raytrain.config.jobfile import check_job_file
@@ -49,8 +81,12 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
         click.echo(
             f"raytrain: script mode ({reason}): running {plan.job_module} as __main__ on every worker", err=True
         )
-    if dry_run and k8s_target is not None:
-        return k8s_cli.print_dry_run(request, as_json)
+    if dry_run and request.to_text() is not None:  # the target's own format: the exact manifests (YAML)
+        if as_json:
+            print_json({**request.to_dict(), "deepspeed": plan.deepspeed, "plan": plan.to_dict()})
+        else:
+            click.echo(request.to_text(), nl=False)
+        return
     if dry_run:
         out = {
             **request.to_dict(),

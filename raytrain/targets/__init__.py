@@ -1,20 +1,6 @@
-"""Where a plan runs. ``make_target`` picks one from --address / $RAYTRAIN_ADDRESS, else the local cluster."""
-from __future__ import annotations
+"""Where a plan is submitted: the local cluster (``local``), any Ray Jobs API (``ray_jobs``), KubeRay (``kuberay``:
+a RayJob; ``k8s_portforward``: a RayCluster's Jobs API through a port-forward).
 
-import os
-
-from raytrain.targets.base import JobHandle, Request, Target
-
-
-def make_target(address: str | None = None, *, auto_start: bool = True) -> Target:
-    address = address or os.environ.get("RAYTRAIN_ADDRESS")
-    if address and address not in ("local", "auto"):
-        from raytrain.targets.ray_jobs import RayJobsTarget
-
-        return RayJobsTarget(address)
-    from raytrain.targets.local import LocalTarget
-
-    return LocalTarget(auto_start=auto_start)
-
-
-__all__ = ["JobHandle", "Request", "Target", "make_target"]
+``base.Target`` declares what every target offers; ``factory.make_target`` builds one from options. This
+package imports nothing itself, so importing one target never loads the others.
+"""

@@ -10,8 +10,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from raytrain.capacity import Node
 from raytrain.config.plan import Plan
-from raytrain.jobs.state import JobInfo
+from raytrain.errors import ClusterError
+from raytrain.status import JobInfo
 
 # Files never shipped with a job's folder, whatever .gitignore says.
 SECRET_EXCLUDES = [
@@ -35,6 +37,8 @@ SECRET_EXCLUDES = [
     "__pycache__",
     ".pytest_cache",
 ]
+
+STOP_WAIT_S = 60.0  # how long `jobs stop` waits for a job to have stopped
 
 # Environment the runtime needs on every process of the job (users can override each with --env).
 RUNTIME_ENV_VARS = {
@@ -64,6 +68,11 @@ class Request:
         out.pop("plan")
         return out
 
+    def to_text(self) -> str | None:
+        """The request in its target's own format (Kubernetes manifests), as --dry-run prints it; None where
+        raytrain's summary of the plan is the better view (a Ray Jobs API submission)."""
+        return None
+
 
 @dataclass
 class JobHandle:
@@ -79,10 +88,44 @@ def new_submission_id(name: str) -> str:
 
 
 class Target(abc.ABC):
-    """A cluster that runs Ray jobs."""
+    """A cluster that runs Ray jobs: everything callers (``api``, the CLI) use, declared here.
+
+    ``dry_run(plan)`` is pure: it returns the exact request, changes neither the plan nor the target, and
+    talks to nothing but (for Kubernetes) the API server to read objects. ``submit(request)`` only sends it.
+    """
 
     kind: str = "abstract"
+    address: str = ""
+    # The run's storage is on this machine: checks of it (--resume) can run here before submitting.
+    storage_is_local: bool = False
 
+    # -- the cluster --------------------------------------------------------------------------------------
+    def running(self) -> bool:
+        """False only where the cluster is known not to run yet (the local one before `cluster up`)."""
+        return True
+
+    def ensure_running(self) -> bool:
+        """Start the cluster if this target starts its own and it is not running; True if this call started
+        it. A no-op (False) where there is nothing to start."""
+        return False
+
+    @abc.abstractmethod
+    def nodes(self, request: Request | None = None) -> list[Node]:
+        """Ray's view of the cluster's nodes; with ``request``, of the cluster that request runs on (a RayJob
+        brings its own, sized for the job)."""
+
+    def has_gpus(self) -> bool:
+        """Read-only look: does the cluster offer GPUs? False when it cannot be read."""
+        try:
+            return any(n.resources.get("GPU", 0) > 0 for n in self.nodes())
+        except ClusterError:
+            return False
+
+    def default_storage(self) -> str | None:
+        """The run's storage when --storage is not given (None: Ray's default on the head node)."""
+        return None
+
+    # -- one job --------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def dry_run(self, plan: Plan) -> Request: ...
 
@@ -102,5 +145,32 @@ class Target(abc.ABC):
     @abc.abstractmethod
     def stop(self, job_id: str) -> bool: ...
 
+    def stop_and_wait(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> str:
+        """Stop the job and (``wait``) wait until it has stopped; the line `jobs stop` prints."""
+        self.stop(job_id)
+        info = self.wait_until_ended(job_id, wait=wait, timeout_s=timeout_s)
+        return f"{job_id}: {info.state.value}"
+
+    def wait_until_ended(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> JobInfo:
+        """The job's status (without facts), polled until it is terminal or ``timeout_s`` has passed."""
+        info = self.status(job_id, with_facts=False)
+        deadline = time.monotonic() + timeout_s
+        while wait and not info.state.terminal and time.monotonic() < deadline:
+            time.sleep(0.5)
+            info = self.status(job_id, with_facts=False)
+        return info
+
     @abc.abstractmethod
     def list(self) -> list[JobInfo]: ...
+
+    def run_utility(self, module: str, event_kind: str, timeout_s: float = 120.0) -> dict:
+        """Run ``python -m MODULE`` as a short job and return the event it prints (e.g. GPU inventory)."""
+        raise ClusterError(f"running {module} is not supported on a {self.kind} target")
+
+    # -- reaching it again ----------------------------------------------------------------------------------
+    def reconnect_flags(self) -> list[str]:
+        """The CLI flags that point `raytrain jobs ...` at this same cluster."""
+        return []
+
+    def close(self) -> None:
+        """Release what the target opened (a port-forward); it may be used again afterwards."""

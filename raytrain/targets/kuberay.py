@@ -1,8 +1,9 @@
 """RayJob target: a plan becomes a KubeRay RayJob custom resource, and the RayJob's status its job state.
 
-``dry_run(plan)`` renders the RayJob (pure apart from reading the kubeconfig or, with ``--cluster``, the
-RayCluster); ``submit(request)`` applies exactly that manifest, server-side, under a name chosen once per
-submission, so a retried submit finds its RayJob instead of starting the job twice.
+``dry_run(plan)`` renders the RayJob (pure: it reads the kubeconfig or, with ``--cluster``, the RayCluster,
+and changes neither the plan nor the target); ``submit(request)`` applies exactly that manifest, server-side,
+under a name chosen once per submission, so a retried submit finds its RayJob instead of starting the job
+twice.
 """
 from __future__ import annotations
 
@@ -14,23 +15,24 @@ from typing import Any, Callable
 
 import raytrain
 from raytrain.capacity import Node
-from raytrain.config.plan import Plan
-from raytrain.errors import ClusterError, ConfigError
-from raytrain.events import JobFacts
-from raytrain.jobs.state import JobInfo, JobState
-from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, JobHandle, Request, Target
-from raytrain.targets.cluster_profile import K8sProfile
-from raytrain.targets.k8s_client import KubeConnection, NotFound, RayObjects
-from raytrain.targets.k8s_manifests import (
+from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects
+from raytrain.clusters.k8s_manifests import (
     MANAGED_BY,
     STORAGE_ANNOTATION,
-    check_name,
     nodes_from_spec,
     rayjob_name,
     render_raycluster_spec,
     render_rayjob,
     worker_pods_needed,
 )
+from raytrain.clusters.k8s_names import check_name
+from raytrain.clusters.profiles import K8sProfile
+from raytrain.config.plan import Plan
+from raytrain.errors import ClusterError, ConfigError
+from raytrain.events import JobFacts
+from raytrain.status import JobInfo, job_state, rayjob_state
+from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, STOP_WAIT_S, JobHandle, Request, Target
+from raytrain.targets.ray_jobs import with_default_storage
 
 ENTRYPOINT_MODULE = "raytrain.runtime.driver"
 SUBMITTER_CONTAINER = "ray-job-submitter"  # the container of KubeRay's submitter Job (K8sJobMode)
@@ -45,27 +47,30 @@ class K8sRequest(Request):
     manifests: list[dict[str, Any]] = field(default_factory=list)
     port_forward: dict[str, Any] | None = None
 
+    def to_text(self) -> str:
+        """The exact manifests (YAML) a submit applies; for the port-forward path (nothing is applied) the
+        port-forward and the Jobs API submission, as one YAML document."""
+        from raytrain.clusters.k8s_manifests import to_yaml
 
-def rayjob_state(status: dict[str, Any] | None) -> JobState:
-    """KubeRay's two status fields -> one JobState. Ray's job status wins once it is terminal."""
-    status = status or {}
-    deployment = status.get("jobDeploymentStatus") or ""
-    job = str(status.get("jobStatus") or "").upper()
-    if deployment in ("Suspending", "Suspended"):
-        return JobState.STOPPED
-    if deployment == "ValidationFailed":
-        return JobState.FAILED
-    if job in ("SUCCEEDED", "FAILED", "STOPPED"):
-        return JobState(job.lower())
-    if deployment == "Failed":
-        return JobState.FAILED
-    if deployment == "Complete":
-        return JobState.SUCCEEDED
-    if deployment == "Retrying":
-        return JobState.RESTARTING
-    if job == "RUNNING":
-        return JobState.RUNNING
-    return JobState.PENDING
+        if not self.port_forward:
+            return to_yaml(self.manifests)
+        pf = self.port_forward
+        kubectl = f"kubectl port-forward -n {pf['namespace']} svc/{pf['service']} :{pf['remote_port']}"
+        doc = {
+            "portForward": {**pf, "kubectl": kubectl},
+            "jobSubmission": {
+                "address": self.address,
+                "submission_id": self.submission_id,
+                "entrypoint": self.entrypoint,
+                "entrypoint_num_cpus": self.entrypoint_num_cpus,
+                "metadata": self.metadata,
+                "runtime_env": self.runtime_env,
+            },
+        }
+        return (
+            "# Nothing is applied to the cluster: raytrain port-forwards to the head Service and\n"
+            "# submits through the Ray Jobs API, uploading the job's folder as working_dir.\n" + to_yaml([doc])
+        )
 
 
 def describe_status(status: dict[str, Any] | None) -> str:
@@ -137,7 +142,6 @@ class RayJobTarget(Target):
         self.poll_s = float(os.environ.get("RAYTRAIN_K8S_POLL_S", DEFAULT_POLL_S)) if poll_s is None else poll_s
         self._namespace: str | None = None
         self._cluster_obj: dict | None = None
-        self._worker_replicas: int | None = None
         if ray_cluster is not None:
             check_name("RayCluster", ray_cluster, flag="--cluster")
         if submission_id is not None:
@@ -160,16 +164,24 @@ class RayJobTarget(Target):
 
     def _existing_cluster(self) -> dict:
         if self._cluster_obj is None:
-            from raytrain.targets.k8s_cluster import RayClusters
+            from raytrain.clusters.raycluster import RayClusters
 
             self._cluster_obj = RayClusters(self.conn, self.namespace).require(self.ray_cluster)
         return self._cluster_obj
 
-    def nodes(self) -> list[Node]:
-        """Ray's view of the cluster the job will run on, from its spec (at full size)."""
+    def nodes(self, request: Request | None = None) -> list[Node]:
+        """Ray's view of the cluster the job will run on, from its spec (at full size): --cluster's, else the
+        one the request's RayJob brings (sized for the job), else the profile's."""
         if self.ray_cluster:
             return nodes_from_spec(self._existing_cluster().get("spec") or {})
-        return nodes_from_spec(render_raycluster_spec(self.profile, worker_replicas=self._worker_replicas))
+        if isinstance(request, K8sRequest) and request.manifests:
+            own = request.manifests[0].get("spec", {}).get("rayClusterSpec")
+            if own:
+                return nodes_from_spec(own)
+        return nodes_from_spec(render_raycluster_spec(self.profile))
+
+    def reconnect_flags(self) -> list[str]:
+        return ["--k8s"]
 
     # -- building the request (no side effects) ---------------------------------------------------------
     def _working_dir(self) -> str:
@@ -215,11 +227,11 @@ class RayJobTarget(Target):
 
     def dry_run(self, plan: Plan) -> K8sRequest:
         working_dir = self._working_dir()
-        if plan.storage is None and self.default_storage():
-            plan.storage = self.default_storage()
+        plan = with_default_storage(plan, self.default_storage())
         name = self.submission_id or rayjob_name(plan.name)
+        worker_replicas = 0
         if not self.ray_cluster:
-            self._worker_replicas = worker_pods_needed(
+            worker_replicas = worker_pods_needed(
                 self.profile, plan.scaling.num_workers, plan.scaling.resources_per_worker
             )
         entrypoint = f"{self.python} -m {ENTRYPOINT_MODULE}"
@@ -233,7 +245,7 @@ class RayJobTarget(Target):
             metadata=metadata,
             profile=self.profile,
             cluster=self.ray_cluster,
-            worker_replicas=self._worker_replicas or 0,
+            worker_replicas=worker_replicas,
         )
         return K8sRequest(
             target=self.kind,
@@ -277,11 +289,9 @@ class RayJobTarget(Target):
             )
         return obj
 
-    def _info(self, obj: dict, facts: JobFacts | None) -> JobInfo:
+    def _info(self, obj: dict, facts: JobFacts | None, *, log_read: bool = True) -> JobInfo:
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-        state = rayjob_state(status)
-        if state is JobState.RUNNING and facts is not None and facts.restarting:
-            state = JobState.RESTARTING
+        state = job_state(rayjob_state(status), facts if log_read else None)
         message = status.get("message") or ""
         reason = status.get("reason") or ""
         if reason and reason not in message:
@@ -328,8 +338,11 @@ class RayJobTarget(Target):
 
     def status(self, job_id: str, *, with_facts: bool = True) -> JobInfo:
         obj = self._get(job_id)
-        facts = JobFacts.from_lines(self._submitter_log(job_id).splitlines()) if with_facts else None
-        return self._info(obj, facts)
+        if not with_facts:
+            return self._info(obj, None)
+        log = self._submitter_log(job_id)
+        # No log (no submitter pod yet, or pods cannot be read here): the RayJob's status alone decides.
+        return self._info(obj, JobFacts.from_lines(log.splitlines()), log_read=bool(log))
 
     def logs(self, job_id: str) -> str:
         self._get(job_id)
@@ -372,6 +385,16 @@ class RayJobTarget(Target):
             return self.rayjobs.delete(job_id)
         self.rayjobs.merge_patch(job_id, {"spec": {"suspend": True}})
         return True
+
+    def stop_and_wait(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> str:
+        before = self.status(job_id, with_facts=False)
+        if not self.stop(job_id):
+            return f"{job_id}: {before.state.value} (had already ended)"
+        after = self.rayjobs.get(job_id)
+        if after is None or (after.get("metadata") or {}).get("deletionTimestamp"):
+            return f"{job_id}: RayJob deleted; KubeRay stops its Ray job on cluster {before.metadata.get('cluster')}"
+        info = self.wait_until_ended(job_id, wait=wait, timeout_s=timeout_s)
+        return f"{job_id}: {info.state.value}" + ("" if info.state.terminal else " (stopping)")
 
     def list(self) -> list[JobInfo]:
         items = self.rayjobs.list(label_selector=f"{MANAGED_BY}=raytrain")

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
 import raytrain
+from raytrain.capacity import Node
+from raytrain.clusters.dashboard import Dashboard, token_headers, user_token
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, RaytrainError
 from raytrain.events import JobFacts
-from raytrain.jobs.state import JobInfo, state_of
+from raytrain.status import JobInfo, state_of
 from raytrain.targets.base import (
     RUNTIME_ENV_VARS,
     SECRET_EXCLUDES,
@@ -18,9 +21,15 @@ from raytrain.targets.base import (
     Target,
     new_submission_id,
 )
-from raytrain.targets.dashboard import Dashboard, token_headers, user_token
 
 METADATA_KEY = "raytrain"
+
+
+def with_default_storage(plan: Plan, default: str | None) -> Plan:
+    """The plan with the target's default storage where --storage was not given: a copy, never a change."""
+    if plan.storage is None and default:
+        return dataclasses.replace(plan, storage=default)
+    return plan
 
 
 class RayJobsTarget(Target):
@@ -55,8 +64,7 @@ class RayJobsTarget(Target):
         return runtime_env
 
     def dry_run(self, plan: Plan) -> Request:
-        if plan.storage is None and self.default_storage():
-            plan.storage = self.default_storage()
+        plan = with_default_storage(plan, self.default_storage())
         submission_id = new_submission_id(plan.name)
         return Request(
             target=self.kind,
@@ -98,8 +106,11 @@ class RayJobsTarget(Target):
                 raise ClusterError(f"cannot use the Jobs API at {self.address}: {exc}") from exc
         return self._client
 
-    def nodes(self):
+    def nodes(self, request: Request | None = None) -> list[Node]:
         return self.dashboard.nodes()
+
+    def reconnect_flags(self) -> list[str]:
+        return ["--address", self.address]
 
     def submit(self, request: Request, *, agent_wait_s: float = 30.0) -> JobHandle:
         import time

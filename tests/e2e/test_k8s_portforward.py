@@ -11,10 +11,10 @@ import pytest
 
 from raytrain import api
 from raytrain.config import Options
-from raytrain.targets import local_cluster
-from raytrain.targets.cluster_profile import parse_cluster_profile
-from raytrain.targets.k8s_client import KubeConnection
-from raytrain.targets.k8s_manifests import render_raycluster
+from raytrain.clusters import local_head
+from raytrain.clusters.profiles import parse_cluster_profile
+from raytrain.clusters.k8s_client import KubeConnection
+from raytrain.clusters.k8s_manifests import render_raycluster
 from raytrain.targets.k8s_portforward import RayClusterJobsTarget
 from tests.conftest import JOBS
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 def test_port_forward_target_submits_through_the_jobs_api(cli, monkeypatch, tmp_path):
     monkeypatch.setenv("RAYTRAIN_HOME", cli.env["RAYTRAIN_HOME"])
-    head = local_cluster.current()
+    head = local_head.current()
     assert head is not None, "the e2e cluster should be running"
 
     # The RayCluster as the API server would hold it: 2 CPUs of workers, a head that takes no work.

@@ -44,7 +44,7 @@ def kubeconfig() -> str:
 @pytest.fixture(scope="session")
 def kube(kubeconfig):
     """raytrain's own client for the test server (its errors are raytrain's one-line errors)."""
-    from raytrain.targets.k8s_client import Kube
+    from raytrain.clusters.k8s_client import Kube
 
     k = Kube.connect(kubeconfig)
     _ensure_crds(k)
@@ -92,7 +92,7 @@ def namespace(kube):
         if exc.status != 404:
             raise
     yield name
-    from raytrain.targets.k8s_client import RayObjects
+    from raytrain.clusters.k8s_client import RayObjects
 
     for plural in ("rayjobs", "rayclusters"):
         objs = RayObjects(kube, plural, name)
@@ -104,14 +104,14 @@ def namespace(kube):
 
 @pytest.fixture
 def rayjobs(kube, namespace):
-    from raytrain.targets.k8s_client import RayObjects
+    from raytrain.clusters.k8s_client import RayObjects
 
     return RayObjects(kube, "rayjobs", namespace)
 
 
 @pytest.fixture
 def rayclusters(kube, namespace):
-    from raytrain.targets.k8s_client import RayObjects
+    from raytrain.clusters.k8s_client import RayObjects
 
     return RayObjects(kube, "rayclusters", namespace)
 

@@ -3,8 +3,8 @@ import json
 
 import yaml
 
-from raytrain.targets.cluster_profile import load_cluster_profile
-from raytrain.targets.k8s_manifests import render_raycluster
+from raytrain.clusters.profiles import load_cluster_profile
+from raytrain.clusters.k8s_manifests import render_raycluster
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
@@ -102,7 +102,7 @@ def test_invalid_cluster_name_is_refused_before_anything_is_created(cli, namespa
 
 def test_the_shipped_manifests_pass_the_servers_schema(kube, namespace):
     """k8s/raycluster.yaml and k8s/rayjob.yaml, applied as a user would (namespace changed to the test's)."""
-    from raytrain.targets.k8s_client import RayObjects
+    from raytrain.clusters.k8s_client import RayObjects
 
     for path, plural in ((ROOT / "k8s" / "raycluster.yaml", "rayclusters"), (ROOT / "k8s" / "rayjob.yaml", "rayjobs")):
         doc = yaml.safe_load(path.read_text())

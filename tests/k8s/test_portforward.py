@@ -1,6 +1,6 @@
 """`submit --k8s --cluster NAME`: the port-forward request, built from the RayCluster the API server holds.
 
-No pod can be reached here, so the tunnel itself is tested in tests/unit/test_k8s_portforward.py (over a
+No pod can be reached here, so the tunnel itself is tested in tests/unit/test_k8s_tunnel.py (over a
 local socket) and the Jobs-API half in tests/e2e/test_k8s_portforward.py (against the real local Ray cluster).
 """
 import json
@@ -10,8 +10,9 @@ import yaml
 
 from raytrain.config import Options, resolve
 from raytrain.errors import ClusterError
-from raytrain.targets.k8s_client import KubeConnection
-from raytrain.targets.k8s_portforward import KubePortForward, RayClusterJobsTarget, build_port_forward
+from raytrain.clusters.k8s_client import KubeConnection
+from raytrain.clusters.k8s_tunnel import KubePortForward, build_port_forward
+from raytrain.targets.k8s_portforward import RayClusterJobsTarget
 from tests.conftest import JOBS, ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
@@ -101,7 +102,7 @@ def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kube
 def test_no_pods_api_is_one_line(kube, namespace, cli):
     """The loopback server serves no Pods: the real forwarder says so in one line (a real cluster lists them)."""
     assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "nopods").exit_code == 0
-    from raytrain.targets.k8s_client import RayObjects
+    from raytrain.clusters.k8s_client import RayObjects
 
     request = build_port_forward(RayObjects(kube, "rayclusters", namespace).get("nopods"))
     try:

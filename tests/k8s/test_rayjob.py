@@ -206,7 +206,7 @@ def test_jobs_list_status_and_stop(cli, namespace, rayjobs, rayclusters, cpu_pro
 
 
 def test_a_missing_kuberay_crd_is_one_clear_line(kube, namespace):
-    from raytrain.targets.k8s_client import RayObjects
+    from raytrain.clusters.k8s_client import RayObjects
 
     absent = RayObjects(kube, "rayjobs", namespace, group="absent.raytrain.test")
     with pytest.raises(ClusterError) as err:

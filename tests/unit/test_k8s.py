@@ -10,17 +10,17 @@ from click.testing import CliRunner
 
 from raytrain.cli.main import main
 from raytrain.errors import ConfigError
-from raytrain.jobs.state import JobState
-from raytrain.targets.cluster_profile import K8sProfile, LocalProfile, load_cluster_profile, parse_cluster_profile
-from raytrain.targets.k8s_manifests import (
-    check_name,
+from raytrain.status import JobState
+from raytrain.clusters.profiles import K8sProfile, LocalProfile, load_cluster_profile, parse_cluster_profile
+from raytrain.clusters.k8s_names import check_name
+from raytrain.clusters.k8s_manifests import (
     nodes_from_spec,
     rayjob_name,
     render_raycluster,
     render_raycluster_spec,
     worker_pods_needed,
 )
-from raytrain.targets.kuberay import rayjob_state
+from raytrain.status import rayjob_state
 from tests.conftest import JOBS, ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
@@ -197,7 +197,7 @@ def test_unreachable_api_server_fails_fast_in_one_line(raytrain_home, tmp_path):
 
 
 def test_context_and_namespace_come_from_the_kubeconfig_like_kubectl(raytrain_home, tmp_path):
-    from raytrain.targets.k8s_client import Kube
+    from raytrain.clusters.k8s_client import Kube
 
     path = _kubeconfig(tmp_path, contexts=("here", "there"))
     kube = Kube.connect(str(path))
@@ -209,9 +209,10 @@ def test_context_and_namespace_come_from_the_kubeconfig_like_kubectl(raytrain_ho
 
 
 def test_local_profile_fills_cluster_up_flags(raytrain_home, monkeypatch):
-    from raytrain.cli import k8s as k8s_cli
+    from raytrain.clusters.base import ClusterOptions
+    from raytrain.clusters.factory import make_cluster
 
-    got = k8s_cli.local_up_args({"k8s_profile": str(ROOT / "cluster" / "local.yaml")}, None, None, 7000, None)
+    got = make_cluster(ClusterOptions(profile=str(ROOT / "cluster" / "local.yaml"), port=7000)).settings()
     assert got == {"num_cpus": 2, "num_gpus": None, "port": 7000, "dashboard_port": 8265}
 
 

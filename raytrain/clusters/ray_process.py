@@ -1,18 +1,38 @@
-"""What the embedded head (local_cluster) and a joined node (ray_node) share: one ``ray start --block``
-process in its own session, with token auth, a private temp dir and a JSON record in $RAYTRAIN_HOME."""
+"""What the embedded head (local_head) and a joined node (joined_node) share: one ``ray start --block``
+process in its own session, with token auth, a private temp dir and a JSON record in $RAYTRAIN_HOME (one
+such process per RAYTRAIN_HOME); and the ``ray start`` flags both take (checked as `cluster up` and
+`cluster join` give them)."""
 from __future__ import annotations
 
+import errno
+import ipaddress
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, TypeVar
 
+from raytrain import paths
+from raytrain.errors import ClusterError, ConfigError
+
 T = TypeVar("T")
+
+# The record of the one `ray start` process of a RAYTRAIN_HOME, by role.
+RECORDS = {"head": "cluster.json", "node": "node.json"}
+
+
+def record_path(role: str) -> Path:
+    return paths.home() / RECORDS[role]
+
+
+def live_record(role: str) -> dict | None:
+    """The raw record of this RAYTRAIN_HOME's head or joined node while its process runs, else None."""
+    return load_record(record_path(role), dict)
 
 
 def temp_dir() -> Path:
@@ -53,11 +73,13 @@ def load_record(path: Path, cls: type[T]) -> T | None:
     if not path.is_file():
         return None
     try:
-        record = cls(**json.loads(path.read_text()))
-    except (ValueError, TypeError):
+        data = json.loads(path.read_text())
+        record = cls(**data)
+        pid = data["pid"]
+    except (ValueError, TypeError, KeyError):
         path.unlink(missing_ok=True)
         return None
-    if not pid_alive(record.pid):  # type: ignore[attr-defined]
+    if not pid_alive(pid):
         path.unlink(missing_ok=True)
         return None
     return record
@@ -131,3 +153,55 @@ def stop(pid: int, temp: str, record: Path) -> None:
     terminate(pid)
     clear_stale_ray_state(Path(temp))
     record.unlink(missing_ok=True)
+
+
+# -- the `ray start` flags `cluster up` and `cluster join` share ------------------------------------------
+def parse_resources(text: str | None) -> dict[str, float] | None:
+    """``--resources '{"node_a": 1}'`` -> a dict of custom resources (names to non-negative amounts)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--resources {text!r}: not JSON ({exc}); e.g. '{{\"node_a\": 1}}'", flag="--resources")
+    if not isinstance(value, dict):
+        raise ConfigError(f"--resources {text!r}: must be a JSON object, e.g. '{{\"node_a\": 1}}'", flag="--resources")
+    for name, amount in value.items():
+        if name in ("CPU", "GPU"):
+            raise ConfigError(f"--resources: {name} is set with --num-{name.lower()}s", flag="--resources")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ConfigError(f"--resources: {name!r} must be a number >= 0, not {amount!r}", flag="--resources")
+    return value
+
+
+def check_node_ip(ip: str | None) -> str | None:
+    """``--node-ip``: an IP address of this machine (Ray's processes bind to it)."""
+    if ip is None:
+        return None
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        raise ConfigError(f"--node-ip {ip!r}: not an IP address", flag="--node-ip")
+    family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, 0))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(f"--node-ip {ip}: not an address of this machine", flag="--node-ip")
+            raise ClusterError(f"--node-ip {ip}: cannot bind to it ({exc})")
+    return str(addr)
+
+
+def start_flags(num_cpus, num_gpus, node_ip, resources) -> list[str]:
+    """The `ray start` flags `up` and `join` share."""
+    flags = []
+    if num_cpus is not None:
+        flags.append(f"--num-cpus={num_cpus:g}")
+    if num_gpus is not None:
+        flags.append(f"--num-gpus={num_gpus:g}")
+    if node_ip is not None:
+        flags.append(f"--node-ip-address={node_ip}")
+    if resources:
+        flags.append(f"--resources={json.dumps(resources)}")
+    return flags

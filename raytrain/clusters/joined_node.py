@@ -3,76 +3,22 @@
 `raytrain cluster join` starts it with the head's token (copied into ``$RAYTRAIN_HOME/node_auth_token``,
 mode 600) and its own temp dir, records it in ``$RAYTRAIN_HOME/node.json`` and returns once the node is
 registered with the head's GCS (``ray start`` prints "Ray runtime started." only after the GCS lists the
-node). `raytrain cluster down` stops it. Also the flag checks `cluster up` and `join` share.
+node). `raytrain cluster down` stops it.
 """
 from __future__ import annotations
 
-import errno
-import ipaddress
 import json
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raytrain import paths
+from raytrain.clusters import ray_process
 from raytrain.errors import ClusterError, ConfigError
-from raytrain.targets import ray_process
 
 JOIN_TIMEOUT_S = float(os.environ.get("RAYTRAIN_JOIN_TIMEOUT_S", 90))
 STARTED_MARK = "Ray runtime started."
-
-
-def parse_resources(text: str | None) -> dict[str, float] | None:
-    """``--resources '{"node_a": 1}'`` -> a dict of custom resources (names to non-negative amounts)."""
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"--resources {text!r}: not JSON ({exc}); e.g. '{{\"node_a\": 1}}'", flag="--resources")
-    if not isinstance(value, dict):
-        raise ConfigError(f"--resources {text!r}: must be a JSON object, e.g. '{{\"node_a\": 1}}'", flag="--resources")
-    for name, amount in value.items():
-        if name in ("CPU", "GPU"):
-            raise ConfigError(f"--resources: {name} is set with --num-{name.lower()}s", flag="--resources")
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
-            raise ConfigError(f"--resources: {name!r} must be a number >= 0, not {amount!r}", flag="--resources")
-    return value
-
-
-def check_node_ip(ip: str | None) -> str | None:
-    """``--node-ip``: an IP address of this machine (Ray's processes bind to it)."""
-    if ip is None:
-        return None
-    try:
-        addr = ipaddress.ip_address(ip)
-    except ValueError:
-        raise ConfigError(f"--node-ip {ip!r}: not an IP address", flag="--node-ip")
-    family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((ip, 0))
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise ConfigError(f"--node-ip {ip}: not an address of this machine", flag="--node-ip")
-            raise ClusterError(f"--node-ip {ip}: cannot bind to it ({exc})")
-    return str(addr)
-
-
-def start_flags(num_cpus, num_gpus, node_ip, resources) -> list[str]:
-    """The `ray start` flags `up` and `join` share."""
-    flags = []
-    if num_cpus is not None:
-        flags.append(f"--num-cpus={num_cpus:g}")
-    if num_gpus is not None:
-        flags.append(f"--num-gpus={num_gpus:g}")
-    if node_ip is not None:
-        flags.append(f"--node-ip-address={node_ip}")
-    if resources:
-        flags.append(f"--resources={json.dumps(resources)}")
-    return flags
 
 
 log_tail = ray_process.log_tail
@@ -96,7 +42,7 @@ class WorkerNode:
 
 
 def _record_path() -> Path:
-    return paths.home() / "node.json"
+    return ray_process.record_path("node")
 
 
 def current() -> WorkerNode | None:
@@ -131,8 +77,6 @@ def join(
     timeout_s: float = JOIN_TIMEOUT_S,
 ) -> tuple[WorkerNode, bool]:
     """Start a worker node joined to ``gcs_address`` (or return the running one). Returns (node, started_now)."""
-    from raytrain.targets import local_cluster
-
     existing = current()
     if existing is not None:
         if existing.gcs_address != gcs_address:
@@ -141,7 +85,7 @@ def join(
                 "`raytrain cluster down` first"
             )
         return existing, False
-    if local_cluster.current() is not None:
+    if ray_process.live_record("head") is not None:
         raise ClusterError("this RAYTRAIN_HOME runs a head (raytrain cluster up); `raytrain cluster down` first")
     host, sep, port = gcs_address.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -155,7 +99,7 @@ def join(
         "--block",
         f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
-        *start_flags(num_cpus, num_gpus, node_ip, resources),
+        *ray_process.start_flags(num_cpus, num_gpus, node_ip, resources),
     ]
     proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
     node = WorkerNode(
@@ -170,6 +114,14 @@ def join(
         num_gpus=num_gpus,
         resources=resources,
     )
+    _wait_registered(node, proc, timeout_s)
+    _record_path().write_text(json.dumps(asdict(node), indent=2))
+    return node, True
+
+
+def _wait_registered(node: WorkerNode, proc, timeout_s: float) -> None:
+    """Until ``ray start`` says the head's GCS lists the node; stops it on a timeout."""
+    gcs_address, log_path = node.gcs_address, node.log_path
     deadline = time.monotonic() + timeout_s
     while STARTED_MARK not in Path(log_path).read_text(errors="replace"):
         if proc.poll() is not None:
@@ -189,8 +141,6 @@ def join(
                 + log_tail(log_path)
             )
         time.sleep(0.5)
-    _record_path().write_text(json.dumps(asdict(node), indent=2))
-    return node, True
 
 
 def down() -> WorkerNode | None:

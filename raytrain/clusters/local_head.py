@@ -1,6 +1,6 @@
 """The embedded Ray cluster's head: ``ray start --head --block`` in its own session.
 
-Single-node by default; with ``node_ip`` other machines can join it (`raytrain cluster join`, see ray_node).
+Single-node by default; with ``node_ip`` other machines can join it (`raytrain cluster join`, see joined_node).
 
 Its record lives in ``$RAYTRAIN_HOME/cluster.json``. The head runs with Ray's token auth and a token
 that only raytrain (and the user) can read, so raytrain's clients always authenticate and nothing else
@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raytrain import paths
+from raytrain.clusters import ray_process
+from raytrain.clusters.dashboard import Dashboard, token_headers
 from raytrain.errors import ClusterError
-from raytrain.targets import ray_process
-from raytrain.targets.dashboard import Dashboard, token_headers
 
 DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
 DEFAULT_DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_DASHBOARD_PORT", 8265))
@@ -54,7 +54,7 @@ class LocalCluster:
 
 
 def _record_path() -> Path:
-    return paths.home() / "cluster.json"
+    return ray_process.record_path("head")
 
 
 def _token_path() -> Path:
@@ -87,20 +87,40 @@ def up(
     (`raytrain cluster join`); the GCS address is recorded with it. The dashboard stays on 127.0.0.1.
     ``resources``: custom resources of the head node (``{"node_a": 1}``).
     """
-    from raytrain.targets import ray_node
-
     existing = current()
     if existing is not None:
         return existing, False
-    joined = ray_node.current()
+    joined = ray_process.live_record("node")
     if joined is not None:
         raise ClusterError(
-            f"this RAYTRAIN_HOME runs a node joined to {joined.gcs_address} (raytrain cluster join); "
+            f"this RAYTRAIN_HOME runs a node joined to {joined.get('gcs_address')} (raytrain cluster join); "
             "`raytrain cluster down` first"
         )
     temp_dir = ray_process.prepare_temp_dir()
     token_path = _token_path()
     log_path = paths.home() / "cluster.log"
+    cmd = _head_command(port, dashboard_port, temp_dir) + ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
+    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
+    cluster = LocalCluster(
+        pid=proc.pid,
+        dashboard_url=f"http://127.0.0.1:{dashboard_port}",
+        gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
+        temp_dir=str(temp_dir),
+        token_path=str(token_path),
+        log_path=str(log_path),
+        started_at=time.time(),
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        node_ip=node_ip,
+        resources=resources,
+    )
+    _wait_until_up(cluster, proc, timeout_s)
+    _record_path().write_text(json.dumps(cluster.to_dict(), indent=2))
+    return cluster, True
+
+
+def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
+    """``ray start --head --block`` with the dashboard on 127.0.0.1 and every port derived from ours."""
     cmd = [
         "start",
         "--head",
@@ -120,21 +140,12 @@ def up(
             f"--ray-client-server-port={20001 + offset % 10000}",
             f"--dashboard-agent-listen-port={52365 + offset % 10000}",
         ]
-    cmd += ray_node.start_flags(num_cpus, num_gpus, node_ip, resources)
-    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
-    cluster = LocalCluster(
-        pid=proc.pid,
-        dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-        gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
-        temp_dir=str(temp_dir),
-        token_path=str(token_path),
-        log_path=str(log_path),
-        started_at=time.time(),
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        node_ip=node_ip,
-        resources=resources,
-    )
+    return cmd
+
+
+def _wait_until_up(cluster: LocalCluster, proc, timeout_s: float) -> None:
+    """Until the dashboard answers, its Jobs API too, and it lists a node; stops the head on a timeout."""
+    log_path = cluster.log_path
     deadline = time.monotonic() + timeout_s
     dashboard = cluster.dashboard()
     while True:
@@ -152,8 +163,6 @@ def up(
             ray_process.terminate(proc.pid)
             raise ClusterError(f"the local Ray cluster did not come up within {timeout_s:.0f} s; see {log_path}")
         time.sleep(0.5)
-    _record_path().write_text(json.dumps(cluster.to_dict(), indent=2))
-    return cluster, True
 
 
 def down() -> LocalCluster | None:

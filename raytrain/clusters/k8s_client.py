@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raytrain.clusters.k8s_manifests import FIELD_MANAGER, GROUP, VERSION
+from raytrain.clusters.k8s_names import check_namespace
 from raytrain.errors import ClusterError, ConfigError
-from raytrain.targets.k8s_manifests import FIELD_MANAGER, GROUP, VERSION
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
@@ -276,8 +277,6 @@ class RayObjects:
 
 def resolve_namespace(kube_or_none: Kube | None, *candidates: str | None) -> str:
     """The first namespace given (flag, profile), else the kubeconfig context's (kubectl's rule)."""
-    from raytrain.targets.k8s_manifests import check_namespace
-
     for ns in candidates:
         if ns:
             return check_namespace(ns)

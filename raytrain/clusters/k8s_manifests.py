@@ -11,8 +11,9 @@ import time
 from typing import Any
 
 from raytrain.capacity import Node
+from raytrain.clusters.k8s_names import MAX_NAME, check_name, check_namespace
+from raytrain.clusters.profiles import K8sProfile, PodGroup
 from raytrain.errors import ConfigError
-from raytrain.targets.cluster_profile import K8sProfile, PodGroup
 
 GROUP = "ray.io"
 VERSION = "v1"
@@ -23,11 +24,6 @@ NAME_LABEL = "raytrain.io/name"
 STORAGE_ANNOTATION = "raytrain.io/storage"
 FIELD_MANAGER = "raytrain"
 
-# KubeRay's own limits: a RayCluster's service names get suffixes ("-serve-svc"), a RayJob's cluster 6 more.
-MAX_NAME = {"RayCluster": 53, "RayJob": 47}
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
 DASHBOARD_PORT = 8265
 HEAD_PORTS = [
     {"containerPort": 6379, "name": "gcs-server"},
@@ -36,30 +32,6 @@ HEAD_PORTS = [
 ]
 SHM_VOLUME = "dshm"
 STORAGE_VOLUME = "raytrain-storage"
-
-
-def check_name(kind: str, name: Any, *, flag: str, what: str | None = None) -> str:
-    """A valid KubeRay object name (DNS-1035 label, KubeRay's length limit), else a one-line ConfigError."""
-    limit = MAX_NAME[kind]
-    label = what or f"{flag} {name!r}"
-    if not isinstance(name, str) or not _DNS1035.match(name) or len(name) > limit:
-        raise ConfigError(
-            f"{label}: invalid {kind} name; use 1-{limit} lowercase letters, digits or '-', "
-            "starting with a letter and ending with a letter or digit",
-            flag=flag,
-        )
-    return name
-
-
-def check_namespace(namespace: Any, *, flag: str = "--namespace", what: str | None = None) -> str:
-    label = what or f"{flag} {namespace!r}"
-    if not isinstance(namespace, str) or not _DNS1123.match(namespace) or len(namespace) > 63:
-        raise ConfigError(
-            f"{label}: invalid namespace; use 1-63 lowercase letters, digits or '-', "
-            "starting and ending with a letter or digit",
-            flag=flag,
-        )
-    return namespace
 
 
 def rayjob_name(job_name: str) -> str:

@@ -4,7 +4,7 @@ from click.testing import CliRunner
 
 from raytrain.cli.main import main
 from raytrain.errors import ConfigError
-from raytrain.targets import ray_node
+from raytrain.clusters import ray_process
 
 
 def run(*args):
@@ -12,30 +12,30 @@ def run(*args):
 
 
 def test_parse_resources():
-    assert ray_node.parse_resources(None) is None
-    assert ray_node.parse_resources('{"node_a": 1, "ssd": 0.5}') == {"node_a": 1, "ssd": 0.5}
+    assert ray_process.parse_resources(None) is None
+    assert ray_process.parse_resources('{"node_a": 1, "ssd": 0.5}') == {"node_a": 1, "ssd": 0.5}
     for bad, words in [
         ("{x", "not JSON"), ("[1]", "JSON object"), ('{"CPU": 2}', "--num-cpus"), ('{"a": -1}', ">= 0"),
         ('{"a": "1"}', ">= 0"), ('{"a": true}', ">= 0"),
     ]:
         with pytest.raises(ConfigError, match=words):
-            ray_node.parse_resources(bad)
+            ray_process.parse_resources(bad)
 
 
 def test_check_node_ip():
-    assert ray_node.check_node_ip(None) is None
-    assert ray_node.check_node_ip("127.0.0.1") == "127.0.0.1"
+    assert ray_process.check_node_ip(None) is None
+    assert ray_process.check_node_ip("127.0.0.1") == "127.0.0.1"
     with pytest.raises(ConfigError, match="not an IP address"):
-        ray_node.check_node_ip("my-host")
+        ray_process.check_node_ip("my-host")
     with pytest.raises(ConfigError, match="not an address of this machine"):
-        ray_node.check_node_ip("203.0.113.77")
+        ray_process.check_node_ip("203.0.113.77")
 
 
 def test_start_flags():
-    assert ray_node.start_flags(1, None, "10.0.0.1", {"a": 1}) == [
+    assert ray_process.start_flags(1, None, "10.0.0.1", {"a": 1}) == [
         "--num-cpus=1", "--node-ip-address=10.0.0.1", '--resources={"a": 1}',
     ]
-    assert ray_node.start_flags(None, None, None, None) == []
+    assert ray_process.start_flags(None, None, None, None) == []
 
 
 def test_up_and_join_refuse_bad_flags_before_starting_anything(raytrain_home, tmp_path):

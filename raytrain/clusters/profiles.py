@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from raytrain.clusters.k8s_names import check_name, check_namespace
 from raytrain.errors import ConfigError
 
 KUBERAY_KINDS = ("kuberay", "k8s", "kubernetes")
@@ -178,8 +179,6 @@ def _check_group(group: PodGroup, path: str, where: str) -> None:
 
 def check_k8s_profile(profile: K8sProfile, path: str = "<built-in>") -> K8sProfile:
     """Validate and normalize (quantities as strings, maps of strings). Raises ConfigError."""
-    from raytrain.targets.k8s_manifests import check_name, check_namespace
-
     check_name("RayCluster", profile.name, flag="--profile", what=f"--profile {path}: name")
     if profile.namespace is not None:
         check_namespace(profile.namespace, flag="--profile", what=f"--profile {path}: namespace")
@@ -251,3 +250,13 @@ def load_cluster_profile(path: str | Path) -> LocalProfile | K8sProfile:
 
 def default_k8s_profile() -> K8sProfile:
     return check_k8s_profile(K8sProfile())
+
+
+def load_k8s_profile(path: str | Path | None) -> K8sProfile:
+    """--profile for a Kubernetes command (the built-in default without one); a `kind: local` profile is refused."""
+    if not path:
+        return default_k8s_profile()
+    profile = load_cluster_profile(path)
+    if not isinstance(profile, K8sProfile):
+        raise ConfigError(f"--profile {path}: a `kind: local` profile cannot be used with --k8s", flag="--profile")
+    return profile

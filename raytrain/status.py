@@ -1,4 +1,5 @@
-"""Job states, as Ray Train v2's controller names them, derived from Ray's job status and the job log."""
+"""Job states, as Ray Train v2's controller names them: the one mapping from what a cluster says about a job
+(Ray's job status, a KubeRay RayJob's status) and what its log says (events) to a job state."""
 from __future__ import annotations
 
 import enum
@@ -33,15 +34,49 @@ _FROM_RAY = {
 }
 
 
-def state_of(ray_status: str, facts: JobFacts | None = None) -> JobState:
-    """Ray's job status refined by the log: a running job whose workers restart is RESTARTING."""
-    state = _FROM_RAY.get(str(ray_status).split(".")[-1].upper(), JobState.PENDING)
-    if state is JobState.RUNNING and facts is not None:
+def ray_job_state(ray_status: str) -> JobState:
+    """The Ray Jobs API's status (PENDING, RUNNING, ...) as a JobState, before the log is read."""
+    return _FROM_RAY.get(str(ray_status).split(".")[-1].upper(), JobState.PENDING)
+
+
+def rayjob_state(status: dict[str, Any] | None) -> JobState:
+    """KubeRay's two RayJob status fields -> one JobState, before the log is read. Ray's job status wins once
+    it is terminal."""
+    status = status or {}
+    deployment = status.get("jobDeploymentStatus") or ""
+    job = str(status.get("jobStatus") or "").upper()
+    if deployment in ("Suspending", "Suspended"):
+        return JobState.STOPPED
+    if deployment == "ValidationFailed":
+        return JobState.FAILED
+    if job in ("SUCCEEDED", "FAILED", "STOPPED"):
+        return JobState(job.lower())
+    if deployment == "Failed":
+        return JobState.FAILED
+    if deployment == "Complete":
+        return JobState.SUCCEEDED
+    if deployment == "Retrying":
+        return JobState.RESTARTING
+    if job == "RUNNING":
+        return JobState.RUNNING
+    return JobState.PENDING
+
+
+def job_state(cluster_state: JobState, facts: JobFacts | None = None) -> JobState:
+    """The cluster's view refined by the job's log, the same for every target: a running job whose workers
+    restart is RESTARTING; one whose driver has not placed its workers yet is PENDING. ``facts`` None: the
+    log was not read (or could not be), so the cluster's view stands."""
+    if cluster_state is JobState.RUNNING and facts is not None:
         if facts.restarting:
             return JobState.RESTARTING
         if facts.started is None:
             return JobState.PENDING  # the driver has not placed its workers yet
-    return state
+    return cluster_state
+
+
+def state_of(ray_status: str, facts: JobFacts | None = None) -> JobState:
+    """Ray's job status refined by the log (``job_state(ray_job_state(...), facts)``)."""
+    return job_state(ray_job_state(ray_status), facts)
 
 
 @dataclass

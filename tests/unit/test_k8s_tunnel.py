@@ -12,8 +12,8 @@ import pytest
 import requests
 
 from raytrain.errors import ClusterError
-from raytrain.targets.dashboard import Dashboard
-from raytrain.targets.k8s_portforward import KubePortForward, PortForwardRequest
+from raytrain.clusters.dashboard import Dashboard
+from raytrain.clusters.k8s_tunnel import KubePortForward, PortForwardRequest
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -1,20 +1,23 @@
-"""RayClusters from cluster profiles: render, apply (server-side), status, delete."""
+"""KubeRay RayClusters from cluster profiles: render, apply (server-side), status, delete; and a RayCluster
+as a ``Cluster`` (`cluster up|status|down --k8s`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 from raytrain.capacity import Node
-from raytrain.errors import ClusterError
-from raytrain.targets.cluster_profile import K8sProfile
-from raytrain.targets.k8s_client import KubeConnection, RayObjects
-from raytrain.targets.k8s_manifests import (
+from raytrain.clusters.base import Cluster
+from raytrain.clusters.k8s_client import KubeConnection, RayObjects
+from raytrain.clusters.k8s_manifests import (
     DASHBOARD_PORT,
     STORAGE_ANNOTATION,
-    check_name,
     nodes_from_spec,
     render_raycluster,
+    to_yaml,
 )
+from raytrain.clusters.k8s_names import check_name
+from raytrain.clusters.profiles import K8sProfile
+from raytrain.errors import ClusterError
 
 
 @dataclass
@@ -131,3 +134,49 @@ def describe(obj: dict[str, Any]) -> dict[str, Any]:
             "gpus": sum(n.resources.get("GPU", 0) for n in nodes),
         },
     }
+
+
+class KubeRayCluster(Cluster):
+    """One RayCluster (--name, default the profile's) in one namespace, built from a profile."""
+
+    kind = "kuberay"
+
+    def __init__(self, conn: KubeConnection, *, profile: K8sProfile, name: str | None = None, namespace: str | None = None):
+        self.conn = conn
+        self.profile = profile
+        self.name = name or profile.name
+        self._namespace_flag = namespace
+        self._clusters: RayClusters | None = None
+
+    @property
+    def clusters(self) -> RayClusters:
+        """The RayClusters of the namespace (--namespace, the profile's, else the kubeconfig context's)."""
+        if self._clusters is None:
+            namespace = self.conn.namespace(self._namespace_flag, self.profile.namespace)
+            self._clusters = RayClusters(self.conn, namespace)
+        return self._clusters
+
+    def up(self, *, dry_run: bool = False) -> str:
+        clusters, name, profile = self.clusters, self.name, self.profile
+        manifest = clusters.render(profile, name)
+        if dry_run:
+            return to_yaml([manifest])
+        result = clusters.apply(manifest)
+        w = profile.workers
+        gpu = f", {w.gpu} GPU" if w.gpu else ""
+        ns = f" --namespace {clusters.namespace}"
+        return (
+            f"RayCluster {clusters.namespace}/{name} {result.action}: head {profile.head.cpu} CPU; "
+            f"{w.replicas} x {w.group_name} ({w.cpu} CPU{gpu}, {w.memory})\n"
+            f"  status: raytrain cluster status --k8s --name {name}{ns}\n"
+            f"  submit: raytrain submit JOB.py --k8s --cluster {name}{ns}\n"
+        )
+
+    def status(self) -> dict[str, Any]:
+        return self.clusters.report(self.name)
+
+    def down(self) -> str:
+        clusters, name = self.clusters, self.name
+        if clusters.delete(name):
+            return f"RayCluster {clusters.namespace}/{name} deleted (KubeRay removes its pods)\n"
+        return f"no RayCluster {name!r} in namespace {clusters.namespace}\n"

@@ -1,0 +1,60 @@
+"""One mapping from what a cluster says about a job (and what its log says) to a job state, for every target."""
+import pytest
+
+from raytrain.events import RESTARTING, STARTED, JobFacts, format_event
+from raytrain.status import JobState, job_state, ray_job_state, rayjob_state, state_of
+from raytrain.targets.kuberay import RayJobTarget
+
+SUBMITTED = "Job submission server address: http://raytrain-head-svc:8265\n"
+NOT_STARTED = JobFacts.from_lines([SUBMITTED])  # the driver runs, its workers are not placed yet
+STARTED_LOG = [SUBMITTED, format_event(STARTED, workers=2)]
+TRAINING = JobFacts.from_lines(STARTED_LOG)
+RESTART = JobFacts.from_lines([*STARTED_LOG, format_event(RESTARTING, attempt=1)])
+RUNNING_RAYJOB = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+
+
+@pytest.mark.parametrize("facts, state", [
+    (None, JobState.RUNNING),  # the log was not read: the cluster's view stands
+    (NOT_STARTED, JobState.PENDING),
+    (TRAINING, JobState.RUNNING),
+    (RESTART, JobState.RESTARTING),
+])
+def test_a_rayjob_and_a_ray_job_map_to_the_same_state(facts, state):
+    assert job_state(rayjob_state(RUNNING_RAYJOB), facts) is state
+    assert job_state(ray_job_state("RUNNING"), facts) is state
+    assert state_of("RUNNING", facts) is state
+
+
+def test_terminal_states_are_never_refined_by_the_log():
+    for ray, kuberay in (("SUCCEEDED", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}),
+                         ("FAILED", {"jobDeploymentStatus": "Failed"}), ("STOPPED", {"jobDeploymentStatus": "Suspended"})):
+        assert state_of(ray, NOT_STARTED) is job_state(rayjob_state(kuberay), NOT_STARTED) is JobState(ray.lower())
+
+
+class _Conn:
+    def namespace(self, *candidates):
+        return next((c for c in candidates if c), "default")
+
+
+def _target(monkeypatch, status: dict, log: str) -> RayJobTarget:
+    from raytrain.clusters.profiles import default_k8s_profile
+
+    target = RayJobTarget(_Conn(), profile=default_k8s_profile(), namespace="team")
+    obj = {"metadata": {"name": "cnn-x"}, "spec": {"metadata": {"name": "cnn"}}, "status": status}
+    monkeypatch.setattr(target, "_get", lambda job_id: obj)
+    monkeypatch.setattr(target, "_submitter_log", lambda job_id: log)
+    return target
+
+
+def test_a_kuberay_job_that_has_not_started_is_pending_like_a_ray_jobs_one(monkeypatch):
+    target = _target(monkeypatch, RUNNING_RAYJOB, SUBMITTED)
+    assert target.status("cnn-x").state is JobState.PENDING
+    assert state_of("RUNNING", JobFacts.from_lines([SUBMITTED])) is JobState.PENDING  # the Ray Jobs target's
+    assert _target(monkeypatch, RUNNING_RAYJOB, "".join(STARTED_LOG)).status("cnn-x").state is JobState.RUNNING
+
+
+def test_a_kuberay_job_whose_log_cannot_be_read_keeps_the_rayjobs_state(monkeypatch):
+    target = _target(monkeypatch, RUNNING_RAYJOB, "")  # no submitter pod, or pods cannot be read here
+    info = target.status("cnn-x")
+    assert info.state is JobState.RUNNING and info.facts is not None
+    assert target.status("cnn-x", with_facts=False).state is JobState.RUNNING

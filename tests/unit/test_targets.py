@@ -1,0 +1,101 @@
+"""Every target's dry run is pure: it returns the exact request and changes neither the plan nor the target."""
+import copy
+import json
+
+import pytest
+
+from raytrain.capacity import Node
+from raytrain.clusters.k8s_manifests import render_raycluster
+from raytrain.clusters.profiles import load_cluster_profile
+from raytrain.config import Options, resolve
+from raytrain.errors import ConfigError
+from raytrain.targets.factory import TargetOptions, make_target
+from raytrain.targets.k8s_portforward import RayClusterJobsTarget
+from raytrain.targets.kuberay import RayJobTarget
+from raytrain.targets.local import LocalTarget
+from raytrain.targets.ray_jobs import RayJobsTarget
+from tests.conftest import JOBS, ROOT
+
+EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"  # 2 worker pods of 8 GPUs; storage /mnt/checkpoints
+
+
+class Conn:
+    """A KubeConnection that is never used to connect: the namespace is always given."""
+
+    def namespace(self, *candidates):
+        return next(c for c in candidates if c)
+
+
+def the_plan(**options):
+    return resolve(Options(job=str(JOBS / "cnn.py"), **options), cluster_has_gpus=True)
+
+
+def without_id(request) -> str:
+    """The request as JSON, its fresh submission id (also the run name, the RayJob's name) masked."""
+    return json.dumps(request.to_dict(), sort_keys=True, default=str).replace(request.submission_id, "<ID>")
+
+
+def _local(tmp_path):
+    return LocalTarget(auto_start=False)
+
+
+def _address(tmp_path):
+    target = RayJobsTarget("http://127.0.0.1:1")
+    target.dashboard.nodes = lambda: [Node("n1", "10.0.0.1", {"CPU": 64.0, "GPU": 8.0})]  # no cluster here
+    return target
+
+
+def _rayjob(tmp_path):
+    return RayJobTarget(Conn(), profile=load_cluster_profile(EXAMPLE), namespace="team", working_dir="/app")
+
+
+def _port_forward(tmp_path):
+    target = RayClusterJobsTarget(Conn(), ray_cluster="shared", namespace="team", forwarder=lambda r: 1 / 0)
+    target._raycluster = render_raycluster(load_cluster_profile(EXAMPLE), "shared", "team")  # as the server holds it
+    return target
+
+
+@pytest.mark.parametrize("make", [_local, _address, _rayjob, _port_forward])
+def test_dry_run_is_pure(make, raytrain_home, tmp_path):
+    target = make(tmp_path)
+    plan = the_plan(workers=16, zero=3)
+    before_plan, before_nodes = copy.deepcopy(plan), target.nodes()
+    first = target.dry_run(plan)
+    assert plan == before_plan  # the plan it was given is unchanged ...
+    assert target.nodes() == before_nodes  # ... and so is what the target reports
+    second = target.dry_run(plan)
+    assert first.submission_id != second.submission_id  # a fresh id each time
+    assert without_id(first) == without_id(second)  # otherwise the same request
+    assert first.plan.storage == target.default_storage()  # the target's default storage, on a copy
+
+
+def test_a_rayjobs_capacity_is_the_cluster_its_request_brings(raytrain_home, tmp_path):
+    target = _rayjob(tmp_path)
+    plan = the_plan(workers=24)  # 3 pods of 8 GPUs, where the profile has 2
+    request = target.dry_run(plan)
+    assert sum(n.resources.get("GPU", 0) for n in target.nodes()) == 16  # the profile's cluster
+    assert sum(n.resources.get("GPU", 0) for n in target.nodes(request)) == 24  # the RayJob's own
+    named = RayJobTarget(Conn(), profile=load_cluster_profile(EXAMPLE), namespace="team", working_dir="/app",
+                         submission_id="cnn-fixed")
+    assert named.dry_run(plan).to_dict() == named.dry_run(plan).to_dict()  # a given id: the very same request
+
+
+def test_the_factory_builds_every_target(raytrain_home, monkeypatch):
+    assert isinstance(make_target(), LocalTarget)
+    assert type(make_target(TargetOptions(address="http://h:8265"))) is RayJobsTarget
+    monkeypatch.setenv("RAYTRAIN_ADDRESS", "http://h:8265")
+    assert type(make_target()) is RayJobsTarget
+    assert isinstance(make_target(TargetOptions(address="local")), LocalTarget)
+    assert isinstance(make_target(TargetOptions(k8s=True, rayjob=True, namespace="team")), RayJobTarget)
+    with pytest.raises(ConfigError, match="--namespace is a Kubernetes option: add --k8s"):
+        make_target(TargetOptions(namespace="team"))
+    with pytest.raises(ConfigError, match="--address and --k8s"):
+        make_target(TargetOptions(k8s=True, address="http://h:8265"))
+
+
+def test_targets_say_how_to_reach_them_again(raytrain_home):
+    assert LocalTarget().reconnect_flags() == []
+    assert RayJobsTarget("http://h:8265").reconnect_flags() == ["--address", "http://h:8265"]
+    assert _rayjob(None).reconnect_flags() == ["--k8s"]
+    assert LocalTarget().storage_is_local and not RayJobsTarget("http://h:8265").storage_is_local
+    assert not LocalTarget(auto_start=False).running()  # before `cluster up`
