@@ -164,7 +164,7 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         print(f"bare_runner: {world} processes, torch threads {torch.get_num_threads()}, "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
-    from raytrain.runtime.worker import load_job  # the same import raytrain's workers do
+    from raytrain.runtime.job_file import load_job  # the same import raytrain's workers do
 
     module = load_job(plan["job_file"])  # an absolute path: found directly
     module.train(ctx)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from raytrain.config.script_args import CONFIG_FLAGS, HF_FLAG, find_config_arg, gives_option, replace_config_args
+from raytrain.runtime.job_file import find_job_file
 
 ENV_CONFIG = "RAYTRAIN_DEEPSPEED_CONFIG"
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
@@ -385,8 +386,6 @@ def launch_from_ray() -> Launch:
 
 def run_on_worker(plan: dict[str, Any]) -> None:
     """Script mode's train_loop_per_worker body."""
-    from raytrain.runtime.worker import find_job_file
-
     run_script(
         find_job_file(plan["job_module"]),
         list(plan.get("job_args") or []),
