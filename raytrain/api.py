@@ -92,7 +92,7 @@ def check_resume(target: Target, the_plan: Plan) -> None:
     from raytrain.targets.local import LocalTarget
 
     if the_plan.resume and isinstance(target, LocalTarget):
-        from raytrain.checkpoints import resolve_resume
+        from raytrain.checkpoints.store import resolve_resume
 
         resolve_resume(the_plan.resume, the_plan.storage)
 

@@ -67,7 +67,7 @@ class TrainContext:
             planned_accum = self.grad_accum
             self.config, self.grad_accum = rescale(self.config, train_batch=self.train_batch, dp=world_size)
             parallel = {"dp": world_size, "tp": 1, "pp": 1}
-            saved = self._restore_marker["world_size"] if self._restore_marker else None
+            saved = self._restore_marker.world_size if self._restore_marker else None
             if rank == 0 and (world_size != scaling["num_workers"] or saved not in (None, world_size)):
                 # Smaller than planned, or grown back from a smaller checkpoint: say so.
                 events.emit(
@@ -204,11 +204,11 @@ class TrainContext:
             from raytrain.runtime import checkpoint
 
             zero = int((config.get("zero_optimization") or {}).get("stage", 0))
-            if checkpoint.needs_reshard(saved["world_size"], world_size=self.world_size, zero=zero):
-                self.log(f"raytrain: checkpoint saved by {saved['world_size']} worker(s), this run has "
+            if checkpoint.needs_reshard(saved.world_size, world_size=self.world_size, zero=zero):
+                self.log(f"raytrain: checkpoint saved by {saved.world_size} worker(s), this run has "
                          f"{self.world_size}: resharding ZeRO state (DeepSpeed universal checkpoint)")
                 self._universal = checkpoint.to_universal(
-                    self._restore_from, saved["tag"], local_rank=self.local_rank
+                    self._restore_from, saved.tag, local_rank=self.local_rank
                 )
                 config.setdefault("checkpoint", {})["load_universal"] = True
         self.engine = build_engine(
@@ -351,15 +351,15 @@ class TrainContext:
             self._memory_event(final=True)
 
 
-def _restore_marker(restore_from: str | None) -> dict[str, Any] | None:
+def _restore_marker(restore_from: str | None) -> Any:
     """The restore point's rank-0 marker, or None (nothing to restore, or unreadable: checkpoint.load then
     fails with the reason)."""
     if not restore_from:
         return None
-    from raytrain.runtime import checkpoint
+    from raytrain.checkpoints import marker as markers
 
     try:
-        return checkpoint.marker(restore_from)
+        return markers.read(restore_from)
     except (OSError, ValueError):
         return None
 

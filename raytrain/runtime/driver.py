@@ -116,7 +116,7 @@ def main() -> int:
 
     resume_from = None
     if plan.get("resume"):
-        from raytrain.checkpoints import resolve_resume
+        from raytrain.checkpoints.store import resolve_resume
         from raytrain.errors import ConfigError
 
         try:
