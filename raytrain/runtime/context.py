@@ -197,7 +197,9 @@ class TrainContext:
         self._predict_memory(model)
         config = copy.deepcopy(self.config)
         if self.tp > 1:
-            self._prepare_tp(model, config)
+            from raytrain.runtime.parallel import prepare_tensor_parallel
+
+            prepare_tensor_parallel(model, config, self.tp, self.log)
         self._universal = None
         saved = self._restore_marker
         if saved and self.tp == 1 and self.pp == 1:
@@ -221,21 +223,6 @@ class TrainContext:
         )
         self._restore()
         return self.engine
-
-    def _prepare_tp(self, model: Any, config: dict[str, Any]) -> None:
-        """Choose the AutoTP partition spec (--tp-spec, the job's TP_SPEC, or derived from layer names) and
-        refuse a split the model cannot take, before DeepSpeed touches the weights."""
-        from raytrain.runtime.parallel import check_tp, default_spec
-
-        tp_cfg = config.setdefault("tensor_parallel", {})
-        spec = tp_cfg.get("partition_config")
-        if spec is None:
-            job_spec = getattr(sys.modules.get("raytrain_job"), "TP_SPEC", None)
-            spec = {"use_default_specs": False, **job_spec} if job_spec else default_spec()
-            tp_cfg["partition_config"] = spec
-        roles = check_tp(model, spec, self.tp)
-        self.log(f"raytrain: tensor parallel {self.tp}: splitting {len(roles)} Linear layers "
-                 f"({sum(r == 'column' for r in roles.values())} column, {sum(r == 'row' for r in roles.values())} row)")
 
     def pipeline(
         self,
