@@ -5,28 +5,30 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from raytrain.config.plan import Plan
 from raytrain.runtime.job_file import load_job
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    plan = config["plan"]
+    """Ray Train's loop on each worker; ``config`` is the driver's {"plan": the plan as a dict, "resume_from": ...}."""
+    plan = Plan.from_dict(config["plan"])
     import warnings
 
     # DeepSpeed's ZeRO calls torch.distributed APIs that torch 2.13 deprecates, once per step: noise the
     # user cannot act on.
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
-    if not plan["scaling"]["use_gpu"]:
+    if not plan.scaling.use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if plan.get("mode", "train") == "script":  # an unmodified deepspeed/torchrun script, run as __main__
+    if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
         from raytrain.runtime.script import run_on_worker
 
         return run_on_worker(plan)
     from raytrain.runtime.context import make_context
 
-    module = load_job(plan["job_module"])
-    ctx = make_context(plan, restore_from=restore_point(config), checkpoint_every=plan.get("checkpoint_every") or 0)
+    module = load_job(plan.job_module)
+    ctx = make_context(plan, restore_from=restore_point(config))
     module.train(ctx)
     ctx.finish()
 
