@@ -6,9 +6,10 @@ PLAN.json is the plan raytrain resolves for the same flags (``raytrain submit ..
 ``plan``): the job file, its arguments and the exact DeepSpeed dict. Each process joins a gloo process
 group (what Ray Train sets up on CPU workers), imports the job file and calls ``train(ctx)`` with
 :class:`BareContext`, a minimal Ray-free context with the API the jobs use. The engine is built by
-``raytrain.runtime.engine.build_engine`` (as on raytrain's workers), and the context prints the same event
-lines (``raytrain.events``): rank 0 a ``metrics`` event per ``ctx.report``, every rank ``memory`` events
-from a ``MemoryMonitor``, so both sides of the benchmark are parsed by the same ``JobFacts``.
+``raytrain.runtime.engine.build_engine`` (as on raytrain's workers), and ``ctx.report`` is raytrain's own
+``raytrain.runtime.reporter.Reporter``, so the context prints the same event lines: rank 0 a ``metrics``
+event per ``ctx.report``, every rank ``memory`` events from a ``MemoryMonitor``, and both sides of the
+benchmark are parsed by the same ``JobFacts``.
 """
 from __future__ import annotations
 
