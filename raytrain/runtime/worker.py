@@ -6,7 +6,9 @@ import os
 from typing import Any
 
 from raytrain.config.plan import Plan
+from raytrain.runtime.context import make_context
 from raytrain.runtime.job_file import load_job
+from raytrain.runtime.script import run_on_worker
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -22,11 +24,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     else:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
-        from raytrain.runtime.script import run_on_worker
-
         return run_on_worker(plan)
-    from raytrain.runtime.context import make_context
-
     module = load_job(plan.job_module)
     ctx = make_context(plan, restore_from=restore_point(config))
     module.train(ctx)
