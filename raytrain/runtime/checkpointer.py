@@ -10,6 +10,7 @@ from typing import Any, Callable
 from raytrain import events
 from raytrain.checkpoints import marker as markers
 from raytrain.checkpoints.marker import Marker
+from raytrain.runtime import checkpoint
 
 
 class Checkpointer:
@@ -34,8 +35,6 @@ class Checkpointer:
     def prepare_restore(self, config: dict[str, Any], *, tp: int, pp: int, log: Callable[..., None]) -> None:
         """Before the engine is built: a ZeRO restore point saved by another number of workers is converted
         to a DeepSpeed universal checkpoint, and ``config`` told to load it (data parallel only)."""
-        from raytrain.runtime import checkpoint
-
         self._universal = None
         saved = self.saved
         if not (saved and tp == 1 and pp == 1):
@@ -51,8 +50,6 @@ class Checkpointer:
         """Load the restore point into ``engine``: (step, the job's state), or None without one."""
         if not self.restore_from:
             return None
-        from raytrain.runtime import checkpoint
-
         step, state = checkpoint.load(
             engine, self.restore_from, rank=self.rank, world_size=self.world_size, universal=self._universal
         )
@@ -63,8 +60,6 @@ class Checkpointer:
         """Every rank saves its shard and reports it to Ray Train with the step's metrics (Ray Train keeps
         the latest for restarts and ``Result.metrics``); rank 0 then emits the checkpoint event."""
         import ray.train
-
-        from raytrain.runtime import checkpoint
 
         step = int(metrics["step"])
         directory = checkpoint.save(

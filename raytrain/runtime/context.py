@@ -10,6 +10,9 @@ from typing import Any
 
 from raytrain.config.plan import Plan
 from raytrain.runtime.checkpointer import Checkpointer
+from raytrain.runtime.engine import build_engine
+from raytrain.runtime.memory_estimate import emit_estimate
+from raytrain.runtime.parallel import build_pipeline, prepare_tensor_parallel
 from raytrain.runtime.reporter import Reporter
 from raytrain.runtime.resize import fit_to_world_size
 
@@ -97,18 +100,12 @@ class TrainContext:
         ``optimizer`` section in the config, raytrain uses ``torch.optim.AdamW(lr=lr)`` (fused on CUDA), a
         client optimizer that needs no compiled DeepSpeed op.
         """
-        from raytrain.runtime.engine import build_engine
-
         if optimizer is None and "optimizer" not in self.config:
             optimizer = _default_optimizer(lr, fused=getattr(self.device, "type", "cpu") == "cuda")
         if self.is_main:
-            from raytrain.runtime.memory_estimate import emit_estimate
-
             emit_estimate(model, self.plan, world_size=self.world_size, log=self.log)
         config = copy.deepcopy(self.config)
         if self.tp > 1:
-            from raytrain.runtime.parallel import prepare_tensor_parallel
-
             prepare_tensor_parallel(model, config, self.tp, self.log)
         self._checkpoints.prepare_restore(config, tp=self.tp, pp=self.pp, log=self.log)
         self.engine = build_engine(
@@ -135,8 +132,6 @@ class TrainContext:
         """A DeepSpeed pipeline engine over ``layers`` split into ``--pp`` stages; train with
         ``engine.train_batch(data_iter)`` (one call per optimizer step, ``ctx.grad_accum`` micro-batches
         from ``data_iter``: (inputs, labels) pairs). Also works with --pp 1."""
-        from raytrain.runtime.parallel import build_pipeline
-
         module = build_pipeline(
             layers,
             stages=self.pp,

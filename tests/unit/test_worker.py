@@ -61,3 +61,19 @@ def test_the_worker_runs_train_with_a_ctx_from_the_typed_plan(tmp_path, ray_trai
                     "resumed_from": None}
     metrics = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
     assert [m["step"] for m in metrics] == [1, 2, 3]
+
+
+def test_ctx_keeps_the_surface_jobs_use():
+    """What the README's ctx table and the jobs use, on the one object train(ctx) receives."""
+    from raytrain.runtime.context import TrainContext
+    from tests.conftest import JOBS
+
+    ctx = TrainContext(resolve(Options(job=str(JOBS / "cnn.py"), workers=1)), rank=0, local_rank=0, world_size=1,
+                       device="cpu")
+    for name in ("deepspeed", "pipeline", "checkpointed", "report", "log", "finish", "start_monitor"):
+        assert callable(getattr(ctx, name)), name
+    for name in ("rank", "local_rank", "world_size", "is_main", "device", "dtype", "args", "config", "micro_batch",
+                 "grad_accum", "train_batch", "dp_rank", "dp_size", "dp", "tp", "pp", "state", "start_step",
+                 "resumed_from", "engine", "name", "plan", "activation_checkpointing", "checkpoint_every", "monitor"):
+        getattr(ctx, name)
+    assert (ctx.start_step, ctx.state, ctx.resumed_from, ctx.engine, ctx.is_main) == (0, {}, None, None, True)
