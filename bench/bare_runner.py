@@ -6,9 +6,10 @@ PLAN.json is the plan raytrain resolves for the same flags (``raytrain submit ..
 ``plan``): the job file, its arguments and the exact DeepSpeed dict. Each process joins a gloo process
 group (what Ray Train sets up on CPU workers), imports the job file and calls ``train(ctx)`` with
 :class:`BareContext`, a minimal Ray-free context with the API the jobs use. The engine is built by
-``raytrain.runtime.engine.build_engine`` (as on raytrain's workers), and the context prints the same event
-lines (``raytrain.events``): rank 0 a ``metrics`` event per ``ctx.report``, every rank ``memory`` events
-from a ``MemoryMonitor``, so both sides of the benchmark are parsed by the same ``JobFacts``.
+``raytrain.runtime.engine.build_engine`` (as on raytrain's workers), and ``ctx.report`` is raytrain's own
+``raytrain.runtime.reporter.Reporter``, so the context prints the same event lines: rank 0 a ``metrics``
+event per ``ctx.report``, every rank ``memory`` events from a ``MemoryMonitor``, and both sides of the
+benchmark are parsed by the same ``JobFacts``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import datetime
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,51 +25,36 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # raytrain from this checkout when run as a plain script
     sys.path.insert(0, str(ROOT))
 
-from raytrain import events  # noqa: E402
-
-
-def _as_float(value: Any) -> Any:
-    item = getattr(value, "item", None)
-    if callable(item):
-        try:
-            return float(item())
-        except (TypeError, ValueError, RuntimeError):
-            return value
-    return value
+from raytrain.config.plan import Plan  # noqa: E402
+from raytrain.runtime.reporter import Reporter  # noqa: E402
 
 
 class BareContext:
     """What ``train(ctx)`` needs, without Ray: rank, device, config, engine, report (events on stdout)."""
 
-    def __init__(self, plan: dict[str, Any], *, rank: int, local_rank: int, world_size: int, monitor_interval: float):
+    def __init__(self, plan: Plan, *, rank: int, local_rank: int, world_size: int, monitor_interval: float):
         import torch
 
         self.plan = plan
-        self.name = plan["name"]
-        self.args: list[str] = list(plan.get("job_args") or [])
-        self.config: dict[str, Any] = copy.deepcopy(plan["deepspeed"])
+        self.name = plan.name
+        self.args: list[str] = list(plan.job_args)
+        self.config: dict[str, Any] = copy.deepcopy(plan.deepspeed)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         self.dp_rank, self.dp_size, self.tp, self.pp, self.dp = rank, world_size, 1, 1, world_size
         self.device = torch.device("cpu")
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan["precision"], torch.float32)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision, torch.float32)
         self.micro_batch: int = self.config["train_micro_batch_size_per_gpu"]
         self.grad_accum: int = self.config["gradient_accumulation_steps"]
-        self.train_batch: int = int(plan.get("train_batch") or self.config["train_batch_size"])
-        self.activation_checkpointing = bool(plan.get("activation_checkpointing"))
+        self.train_batch: int = plan.train_batch
+        self.activation_checkpointing = plan.activation_checkpointing
         self.engine = None
         self.state: dict[str, Any] = {}
         self.start_step = 0
         self.resumed_from: str | None = None
-        self._steps = 0
-        self._last_step = 0
-        self._started = self._last_time = time.perf_counter()
-        self.monitor = None
-        self._memory_every_s = 10.0
-        self._last_memory_event = 0.0
+        # raytrain's own reporting (the same step accounting and event lines as ctx.report), minus checkpoints
+        self._reporter = Reporter(rank=rank, train_batch=self.train_batch)
         if monitor_interval > 0:
-            from raytrain.runtime.monitor import MemoryMonitor
-
-            self.monitor = MemoryMonitor(interval=monitor_interval, gpu=False).start()
+            self._reporter.start_monitor(monitor_interval, gpu=False)
 
     @property
     def is_main(self) -> bool:
@@ -103,59 +88,26 @@ class BareContext:
 
     def report(self, metrics: dict[str, Any], *, checkpoint: bool | None = None) -> None:
         """The same step accounting as raytrain's ctx.report; the event goes to stdout and nowhere else."""
-        clean = {k: _as_float(v) for k, v in metrics.items()}
-        self._steps += 1
-        step = clean.get("step")
-        if step is None:
-            step = getattr(self.engine, "global_steps", None) or self._steps
-            clean["step"] = step
-        now = time.perf_counter()
-        steps_done = max(int(step) - self._last_step, 0)
-        dt = now - self._last_time
-        if steps_done and dt > 0:
-            clean.setdefault("samples_per_s", round(steps_done * self.train_batch / dt, 3))
-            clean.setdefault("step_time_s", round(dt / steps_done, 4))
-        self._last_time, self._last_step = now, int(step)
-        clean.setdefault("elapsed_s", round(now - self._started, 3))
-        clean.setdefault("wall_time", round(time.time(), 3))
-        if self.monitor is not None:
-            for key, value in self.monitor.metrics().items():
-                clean.setdefault(key, value)
-        if self.is_main:
-            events.emit(events.METRICS, **clean)
-        self._memory_event()
-
-    def _memory_event(self, final: bool = False) -> None:
-        if self.monitor is None:
-            return
-        now = time.monotonic()
-        if not final and now - self._last_memory_event < self._memory_every_s:
-            return
-        self._last_memory_event = now
-        peak = self.monitor.peak()
-        events.emit(events.MEMORY, rank=self.rank, source=peak["source"], rss_peak=peak["rss_peak"],
-                    gpu_memory_peak=peak["gpu_memory_used_peak"], final=final)
+        self._reporter.report(metrics, engine_step=getattr(self.engine, "global_steps", None))
 
     def finish(self) -> None:
-        if self.monitor is not None:
-            self.monitor.stop()
-            self._memory_event(final=True)
+        self._reporter.finish()
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: torchrun --nproc_per_node N bench/bare_runner.py PLAN.json", file=sys.stderr)
         return 2
-    plan = json.loads(Path(argv[0]).read_text())
-    plan = plan.get("plan", plan)  # a whole `--dry-run --json` document, or just its plan
+    document = json.loads(Path(argv[0]).read_text())
+    plan = Plan.from_dict(document.get("plan", document))  # a whole `--dry-run --json` document, or just its plan
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
     import torch.distributed as dist
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if world != plan["scaling"]["num_workers"]:
-        print(f"bare_runner: the plan is for {plan['scaling']['num_workers']} workers, torchrun started {world}",
+    if world != plan.scaling.num_workers:
+        print(f"bare_runner: the plan is for {plan.scaling.num_workers} workers, torchrun started {world}",
               file=sys.stderr)
         return 2
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=10))
@@ -164,9 +116,9 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         print(f"bare_runner: {world} processes, torch threads {torch.get_num_threads()}, "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
-    from raytrain.runtime.worker import load_job  # the same import raytrain's workers do
+    from raytrain.runtime.job_file import load_job  # the same import raytrain's workers do
 
-    module = load_job(plan["job_file"])  # an absolute path: found directly
+    module = load_job(plan.job_file)  # an absolute path: found directly
     module.train(ctx)
     ctx.finish()
     dist.destroy_process_group()

@@ -42,14 +42,12 @@ def check_tensor_split(the_plan: Plan) -> None:
         return
     from raytrain.errors import ConfigError
     from raytrain.planner.meta import build_on_meta, load_model_function
-    from raytrain.runtime.parallel import PartitionError, check_tp, default_spec
+    from raytrain.planner.partition import PartitionError, check_tp, choose_spec
 
     fn = load_model_function(the_plan.job_file)
     module = build_on_meta(fn, the_plan.job_args)
-    spec = the_plan.deepspeed.get("tensor_parallel", {}).get("partition_config")
-    if spec is None:
-        job_spec = fn.__globals__.get("TP_SPEC")
-        spec = {"use_default_specs": False, **job_spec} if job_spec else default_spec()
+    configured = the_plan.deepspeed.get("tensor_parallel", {}).get("partition_config")
+    spec = choose_spec(configured, fn.__globals__.get("TP_SPEC"))
     try:
         check_tp(module, spec, tp)
     except PartitionError as exc:
@@ -83,7 +81,7 @@ def check_resume(target: Target, the_plan: Plan) -> None:
     """Where the run's storage is on this machine (the local cluster): check --resume before submitting
     (the driver checks again on the cluster, where it also covers remote clusters)."""
     if the_plan.resume and target.storage_is_local:
-        from raytrain.checkpoints import resolve_resume
+        from raytrain.checkpoints.store import resolve_resume
 
         resolve_resume(the_plan.resume, the_plan.storage)
 

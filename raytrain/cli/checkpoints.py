@@ -11,7 +11,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from raytrain import checkpoints, paths
+from raytrain import paths
+from raytrain.checkpoints import store
 from raytrain.cli.common import handle_errors, print_json
 from raytrain.errors import ConfigError, RaytrainError
 
@@ -37,7 +38,7 @@ def run_dir(run: str, storage: str | None) -> Path:
 @handle_errors
 def list_checkpoints(run, storage, as_json):
     """Checkpoints of RUN (a job id / run name, or a run directory): step, time, size, metrics."""
-    found = checkpoints.list_checkpoints(run_dir(run, storage))
+    found = store.list_checkpoints(run_dir(run, storage))
     if as_json:
         print_json([c.to_dict() for c in found])
         return
@@ -69,7 +70,7 @@ def export(checkpoint, out, storage, as_json):
 
     CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint).
     """
-    ckpt = checkpoints.resolve_resume(checkpoint, storage or str(paths.default_storage()))
+    ckpt = store.resolve_resume(checkpoint, storage or str(paths.default_storage()))
     proc = subprocess.run(
         [sys.executable, "-m", "raytrain.runtime.export", ckpt.path, out], capture_output=True, text=True
     )

@@ -5,8 +5,10 @@
     meta.py    a model's size from a job file's model(args), built on torch's meta device (imports torch)
     search.py  candidates, the speed ordering, and the fastest configuration that fits
     units.py   sizes and counts as users type them
+    partition.py  the tensor-parallel split check (AutoTP partition spec, which layers it splits)
 
-Nothing here imports torch or deepspeed at import time (meta.py imports torch inside its functions).
+Nothing here imports torch or deepspeed at import time (meta.py and partition.py import torch inside their
+functions).
 """
 from raytrain.planner.memory import (
     Config,

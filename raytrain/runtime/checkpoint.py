@@ -1,7 +1,6 @@
 """Save and load DeepSpeed checkpoints with the job's data position (worker side)."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import tempfile
@@ -9,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raytrain.checkpoints import MARKER
+from raytrain.checkpoints import marker as markers
+from raytrain.checkpoints.marker import Marker
 
 STATE_FILE = "raytrain_state_rank{rank}.pt"
 
@@ -53,29 +53,11 @@ def save(engine: Any, *, rank: int, world_size: int, step: int, user_state: dict
     tag = f"step{step}"
     engine.save_checkpoint(str(directory), tag=tag, client_state={"raytrain_step": step})
     torch.save({"rng": _rng_state(), "user_state": user_state, "step": step}, directory / STATE_FILE.format(rank=rank))
-    files = {
-        str(p.relative_to(directory)): p.stat().st_size
-        for p in directory.rglob("*")
-        if p.is_file()
-    }
-    marker = {
-        "rank": rank,
-        "world_size": world_size,
-        "step": step,
-        "tag": tag,
-        "time": time.time(),
-        "metrics": metrics,
-        "files": files,
-    }
-    tmp = directory / (MARKER.format(rank=rank) + ".tmp")
-    tmp.write_text(json.dumps(marker))
-    os.replace(tmp, directory / MARKER.format(rank=rank))
+    markers.write(directory, Marker(
+        rank=rank, world_size=world_size, step=step, tag=tag, time=time.time(), metrics=metrics,
+        files=markers.files_in(directory),
+    ))
     return str(directory)
-
-
-def marker(directory: str) -> dict:
-    """Rank 0's marker of a checkpoint directory (tag, step, world size, files)."""
-    return json.loads((Path(directory) / MARKER.format(rank=0)).read_text())
 
 
 def needs_reshard(saved_world_size: int, *, world_size: int, zero: int) -> bool:
@@ -123,20 +105,20 @@ def load(engine: Any, directory: str, *, rank: int, world_size: int, universal: 
     import torch
 
     d = Path(directory)
-    saved = marker(directory)
-    if saved["world_size"] != world_size and universal is None and not _whole_state(engine):
+    saved = markers.read(directory)
+    if saved.world_size != world_size and universal is None and not _whole_state(engine):
         raise RuntimeError(
-            f"raytrain: checkpoint {directory} was saved by {saved['world_size']} workers; this run has "
-            f"{world_size}: resume with --workers {saved['world_size']}"
+            f"raytrain: checkpoint {directory} was saved by {saved.world_size} workers; this run has "
+            f"{world_size}: resume with --workers {saved.world_size}"
         )
     engine.load_checkpoint(
-        universal or str(d), tag=saved["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
+        universal or str(d), tag=saved.tag, load_optimizer_states=True, load_lr_scheduler_states=True
     )
     state_path = d / STATE_FILE.format(rank=rank)
     state = torch.load(state_path, weights_only=False) if state_path.exists() else {}
     if state.get("rng"):
         _set_rng_state(state["rng"])
-    return int(saved["step"]), dict(state.get("user_state") or {})
+    return int(saved.step), dict(state.get("user_state") or {})
 
 
 def _whole_state(engine: Any) -> bool:

@@ -126,7 +126,7 @@ def main() -> int:
 
     resume_from = None
     if plan.resume:
-        from raytrain.checkpoints import resolve_resume
+        from raytrain.checkpoints.store import resolve_resume
         from raytrain.errors import ConfigError
 
         try:

@@ -10,13 +10,15 @@ import json
 import sys
 from pathlib import Path
 
+from raytrain.checkpoints import marker as markers
+
 
 def export(checkpoint_dir: str, out: str) -> dict:
     import torch
 
     d = Path(checkpoint_dir)
-    marker = json.loads((d / "raytrain_rank0.json").read_text())
-    tag = marker["tag"]
+    marker = markers.read(d)
+    tag = marker.tag
     zero_shards = list((d / tag).glob("*optim_states.pt"))
     if zero_shards and any("zero_pp_rank" in p.name for p in zero_shards):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -30,7 +32,7 @@ def export(checkpoint_dir: str, out: str) -> dict:
     torch.save(state, out)
     return {
         "checkpoint": str(d),
-        "step": marker["step"],
+        "step": marker.step,
         "out": out,
         "tensors": len(state),
         "parameters": int(sum(v.numel() for v in state.values())),

@@ -1,71 +1,22 @@
-"""Tensor and pipeline partitioning on the worker: AutoTP partition specs and PipelineModule building."""
+"""Tensor and pipeline partitioning on the worker: the AutoTP spec into the engine's config (checked with
+raytrain.planner.partition) and PipelineModule building."""
 from __future__ import annotations
 
-import re
+import sys
 from typing import Any
 
-# Linear layer names by their role in Megatron-style tensor parallelism (Hugging Face, GPT-2, Llama, ...).
-COLUMN_NAMES = (
-    "q_proj", "k_proj", "v_proj", "qkv_proj", "query", "key", "value", "qkv", "c_attn", "up_proj", "gate_proj",
-    "gate_up_proj", "fc1", "fc_in", "c_fc", "w1", "w3", "wi", "dense_h_to_4h",
-)
-ROW_NAMES = ("o_proj", "out_proj", "down_proj", "fc2", "fc_out", "c_proj", "w2", "wo", "dense_4h_to_h")
+from raytrain.planner.partition import PartitionError, check_tp, choose_spec
 
 
-class PartitionError(ValueError):
-    """The model cannot be split as asked; the message names the layers and what would work."""
-
-
-def default_spec() -> dict[str, Any]:
-    """An AutoTP partition_config for models whose Linear layers carry the usual role names."""
-    return {
-        "use_default_specs": False,
-        "layer_specs": [
-            {"patterns": [rf".*\.({'|'.join(COLUMN_NAMES)})\.weight$"], "partition_type": "column"},
-            {"patterns": [rf".*\.({'|'.join(ROW_NAMES)})\.weight$"], "partition_type": "row"},
-        ],
-    }
-
-
-def _linear_layers(model: Any) -> dict[str, Any]:
-    import torch.nn as nn
-
-    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-
-
-def check_tp(model: Any, spec: dict[str, Any], tp: int) -> dict[str, str]:
-    """Which Linear layers ``spec`` splits (name -> column|row); refuses what cannot be split by ``tp``."""
-    compiled = [
-        (re.compile(pattern), s.get("partition_type", "column"))
-        for s in spec.get("layer_specs") or []
-        for pattern in s.get("patterns") or []
-    ]
-    linears = _linear_layers(model)
-    roles: dict[str, str] = {}
-    for name, layer in linears.items():
-        param = f"{name}.weight"
-        for pattern, kind in compiled:
-            if pattern.match(param) or pattern.match("." + param):
-                roles[name] = kind
-                break
-    if not roles:
-        listed = ", ".join(sorted(linears)[:8]) or "none"
-        raise PartitionError(
-            f"--tp {tp}: cannot partition this model: none of its Linear layers ({listed}) matches a column/row "
-            "pattern; name them like q_proj/up_proj (column) and o_proj/down_proj (row), or give --tp-spec FILE "
-            "or TP_SPEC in the job"
-        )
-    bad = []
-    for name, kind in roles.items():
-        layer = linears[name]
-        dim = layer.out_features if kind == "column" else layer.in_features
-        if dim % tp:
-            which = "output" if kind == "column" else "input"
-            bad.append(f"{name} ({kind}, {which} size {dim})")
-    if bad:
-        listed = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
-        raise PartitionError(f"--tp {tp} does not divide these layers: {listed}; use a --tp that divides them")
-    return roles
+def prepare_tensor_parallel(model: Any, config: dict[str, Any], tp: int, log: Any) -> None:
+    """Choose the AutoTP partition spec (--tp-spec, the job's TP_SPEC, or derived from layer names) into
+    ``config`` and refuse a split the model cannot take, before DeepSpeed touches the weights."""
+    tp_cfg = config.setdefault("tensor_parallel", {})
+    job_spec = getattr(sys.modules.get("raytrain_job"), "TP_SPEC", None)
+    spec = tp_cfg["partition_config"] = choose_spec(tp_cfg.get("partition_config"), job_spec)
+    roles = check_tp(model, spec, tp)
+    log(f"raytrain: tensor parallel {tp}: splitting {len(roles)} Linear layers "
+        f"({sum(r == 'column' for r in roles.values())} column, {sum(r == 'row' for r in roles.values())} row)")
 
 
 def build_pipeline(layers: Any, *, stages: int, loss_fn: Any, partition_method: str, checkpoint_interval: int):

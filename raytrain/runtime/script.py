@@ -44,7 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from raytrain.config.plan import Plan
 from raytrain.config.script_args import CONFIG_FLAGS, HF_FLAG, find_config_arg, gives_option, replace_config_args
+from raytrain.runtime.job_file import find_job_file
 
 ENV_CONFIG = "RAYTRAIN_DEEPSPEED_CONFIG"
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
@@ -383,13 +385,11 @@ def launch_from_ray() -> Launch:
     )
 
 
-def run_on_worker(plan: dict[str, Any]) -> None:
+def run_on_worker(plan: Plan) -> None:
     """Script mode's train_loop_per_worker body."""
-    from raytrain.runtime.worker import find_job_file
-
     run_script(
-        find_job_file(plan["job_module"]),
-        list(plan.get("job_args") or []),
+        find_job_file(plan.job_module),
+        list(plan.job_args),
         launch=launch_from_ray(),
-        deepspeed_config=plan.get("deepspeed"),
+        deepspeed_config=plan.deepspeed,
     )

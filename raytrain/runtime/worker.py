@@ -2,38 +2,18 @@
 mode, run the file as ``__main__``: raytrain.runtime.script)."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-
-def find_job_file(relative: str) -> Path:
-    """The job file in the unpacked working_dir. Ray puts working_dir on sys.path; Ray Train v2 moves the
-    worker's cwd elsewhere (the run's artifact folder), so look on sys.path, then in the cwd."""
-    for entry in [*sys.path, os.getcwd()]:
-        candidate = Path(entry or ".") / relative
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"raytrain: job file {relative} is not in the job's working_dir (searched sys.path)")
-
-
-def load_job(relative: str) -> Any:
-    """Import the job file (as module ``raytrain_job``); its folder goes on sys.path for sibling imports."""
-    path = find_job_file(relative)
-    folder = str(path.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location("raytrain_job", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["raytrain_job"] = module
-    spec.loader.exec_module(module)
-    return module
+from raytrain.config.plan import Plan
+from raytrain.runtime.context import make_context
+from raytrain.runtime.job_file import load_job
+from raytrain.runtime.script import run_on_worker
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    plan = config["plan"]
+    """Ray Train's loop on each worker; ``config`` is the driver's {"plan": the plan as a dict, "resume_from": ...}."""
+    plan = Plan.from_dict(config["plan"])
     import warnings
 
     import ray.train
@@ -47,7 +27,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     # DeepSpeed's ZeRO calls torch.distributed APIs that torch 2.13 deprecates, once per step: noise the
     # user cannot act on.
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
-    if not plan["scaling"]["use_gpu"]:
+    if not plan.scaling.use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -55,14 +35,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import torch  # noqa: F401
 
     timings.emit("imports", rank=rank)
-    if plan.get("mode", "train") == "script":  # an unmodified deepspeed/torchrun script, run as __main__
-        from raytrain.runtime.script import run_on_worker
-
+    if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
         return run_on_worker(plan)
-    from raytrain.runtime.context import make_context
-
-    module = load_job(plan["job_module"])
-    ctx = make_context(plan, restore_from=restore_point(config), checkpoint_every=plan.get("checkpoint_every") or 0)
+    module = load_job(plan.job_module)
+    ctx = make_context(plan, restore_from=restore_point(config))
     module.train(ctx)
     ctx.finish()
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from raytrain import checkpoints
+from raytrain.checkpoints import store
 from raytrain.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ def make_checkpoint(run_dir, name, step, world=2, sizes=(10, 20)):
 
 def test_complete_checkpoint(tmp_path):
     d = make_checkpoint(tmp_path, "checkpoint_a", 4)
-    info = checkpoints.inspect(d)
+    info = store.inspect(d)
     assert info.complete and info.step == 4 and info.world_size == 2 and info.size_bytes > 30
     assert info.metrics == {"loss": 0.25}
 
@@ -39,25 +39,25 @@ def test_interrupted_checkpoint_is_never_picked(tmp_path, damage, reason):
     make_checkpoint(tmp_path, "checkpoint_a", 4)
     newer = make_checkpoint(tmp_path, "checkpoint_b", 8)
     damage(newer)
-    info = checkpoints.inspect(newer)
+    info = store.inspect(newer)
     assert not info.complete and reason in info.reason
-    assert checkpoints.latest_complete(tmp_path).step == 4
-    assert checkpoints.resolve_resume(str(tmp_path), None).step == 4
+    assert store.latest_complete(tmp_path).step == 4
+    assert store.resolve_resume(str(tmp_path), None).step == 4
     with pytest.raises(ConfigError, match="incomplete"):
-        checkpoints.resolve_resume(str(newer), None)
+        store.resolve_resume(str(newer), None)
 
 
 def test_resume_by_run_name_under_storage(tmp_path):
     run = tmp_path / "raytrain-gpt-1"
     make_checkpoint(run, "checkpoint_a", 4)
     make_checkpoint(run, "checkpoint_b", 12)
-    assert checkpoints.resolve_resume("raytrain-gpt-1", str(tmp_path)).step == 12
-    assert [c.step for c in checkpoints.list_checkpoints(run)] == [4, 12]
+    assert store.resolve_resume("raytrain-gpt-1", str(tmp_path)).step == 12
+    assert [c.step for c in store.list_checkpoints(run)] == [4, 12]
 
 
 def test_resume_errors_name_what_was_tried(tmp_path):
     with pytest.raises(ConfigError, match="--resume nope: no such run or checkpoint"):
-        checkpoints.resolve_resume("nope", str(tmp_path))
+        store.resolve_resume("nope", str(tmp_path))
     (tmp_path / "empty-run").mkdir()
     with pytest.raises(ConfigError, match="has no complete checkpoint"):
-        checkpoints.resolve_resume("empty-run", str(tmp_path))
+        store.resolve_resume("empty-run", str(tmp_path))

@@ -99,7 +99,7 @@ def test_the_worker_context_keeps_the_global_batch_and_says_so(capsys):
     from raytrain.events import RESIZED, parse_line
     from raytrain.runtime.context import TrainContext
 
-    p = plan(workers="1-2", micro_batch=2, grad_accum=2).to_dict()
+    p = plan(workers="1-2", micro_batch=2, grad_accum=2)
     ctx = TrainContext(p, rank=0, local_rank=0, world_size=1, device="cpu")
     assert (ctx.grad_accum, ctx.dp, ctx.dp_size, ctx.train_batch) == (4, 1, 1, 8)
     assert ctx.config["gradient_accumulation_steps"] == 4 and ctx.config["train_batch_size"] == 8

@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from raytrain.config import Options, resolve
 from raytrain.errors import ConfigError
-from raytrain.runtime.parallel import PartitionError, check_tp, default_spec
+from raytrain.planner.partition import PartitionError, check_tp, choose_spec, default_spec
 from tests.conftest import JOBS
 
 TP_JOB, PIPE_JOB, GPT = str(JOBS / "gpt_tp.py"), str(JOBS / "gpt_pipe.py"), str(JOBS / "gpt_zero.py")
@@ -159,3 +159,11 @@ def test_placement(value, strategy):
 def test_unknown_placement_from_a_profile():
     with pytest.raises(ConfigError, match="--placement diagonal: use one of pack, spread, strict-spread"):
         plan(job=GPT, placement="diagonal")
+
+
+def test_the_spec_is_the_configured_one_then_the_jobs_then_derived():
+    given = {"layer_specs": [{"patterns": [".*fc"], "partition_type": "row"}]}
+    job = {"layer_specs": [{"patterns": [".*proj"], "partition_type": "column"}]}
+    assert choose_spec(given, job) is given
+    assert choose_spec(None, job) == {"use_default_specs": False, **job}
+    assert choose_spec(None, None) == default_spec()

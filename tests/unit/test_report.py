@@ -23,9 +23,8 @@ def no_ray_train_report(monkeypatch):
 
 
 def make_ctx(checkpoint_every=0):
-    plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=1)).to_dict()
-    return TrainContext(plan, rank=0, local_rank=0, world_size=1, device=torch.device("cpu"),
-                        checkpoint_every=checkpoint_every)
+    plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=1, checkpoint_every=checkpoint_every))
+    return TrainContext(plan, rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def test_metrics_reports_go_to_the_event_log_not_to_ray_train(no_ray_train_report, capsys):

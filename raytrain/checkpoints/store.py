@@ -1,20 +1,14 @@
-"""Checkpoints on storage: which are complete, the latest one of a run, a listing. No torch, no deepspeed.
-
-Each rank writes its DeepSpeed shard and then ``raytrain_rank{R}.json``: the step, the world size and the
-name and size of every file it wrote. A checkpoint is complete when the markers of all ranks are there and
-every file they list has its recorded size, so a save interrupted at any point (a missing shard, a
-truncated file, a missing marker) is never picked for resume.
-"""
+"""Checkpoints of runs on storage, read by the control plane: which are complete, a run's listing, its
+latest complete one, and the checkpoint a ``--resume`` value names. No torch, no deepspeed."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from raytrain.checkpoints import marker as markers
 from raytrain.errors import ConfigError
 
-MARKER = "raytrain_rank{rank}.json"
 CHECKPOINT_PREFIX = "checkpoint_"
 
 
@@ -33,38 +27,29 @@ class CheckpointInfo:
         return asdict(self)
 
 
-def _read_marker(directory: Path, rank: int) -> dict | None:
-    path = directory / MARKER.format(rank=rank)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def inspect(directory: str | Path) -> CheckpointInfo:
     """What a checkpoint directory holds and whether it is complete (with the reason if not)."""
     d = Path(directory)
     size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) if d.is_dir() else 0
-    first = _read_marker(d, 0)
+    first = markers.read_or_none(d, 0)
     if first is None:
         return CheckpointInfo(str(d), None, None, size, None, False, "rank 0 marker missing")
-    world = int(first.get("world_size", 1))
-    info = CheckpointInfo(str(d), first.get("step"), first.get("time"), size, world, True, "", first.get("metrics"))
+    world = first.world_size
+    info = CheckpointInfo(str(d), first.step, first.time, size, world, True, "", first.metrics)
     for rank in range(world):
-        marker = first if rank == 0 else _read_marker(d, rank)
+        marker = first if rank == 0 else markers.read_or_none(d, rank)
         if marker is None:
             info.complete, info.reason = False, f"rank {rank} marker missing"
             return info
-        for name, expected in (marker.get("files") or {}).items():
-            f = d / name
-            if not f.is_file() or f.stat().st_size != expected:
-                info.complete, info.reason = False, f"rank {rank} file {name} missing or truncated"
-                return info
+        name = markers.first_missing_file(d, marker)
+        if name is not None:
+            info.complete, info.reason = False, f"rank {rank} file {name} missing or truncated"
+            return info
     return info
 
 
 def is_checkpoint_dir(path: Path) -> bool:
-    return path.name.startswith(CHECKPOINT_PREFIX) or any(path.glob("raytrain_rank*.json"))
+    return path.name.startswith(CHECKPOINT_PREFIX) or markers.has_markers(path)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[CheckpointInfo]:

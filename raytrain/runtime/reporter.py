@@ -1,0 +1,103 @@
+"""``ctx.report``'s side on a worker: each step's metrics (as floats, with throughput and timing derived from
+the global batch, and the memory sampler's readings) to the job's event log on rank 0, and every worker's
+peak-memory events. Never calls Ray Train: metrics cost the step microseconds."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from raytrain import events
+
+MEMORY_EVENT_EVERY_S = 10.0
+
+
+def as_float(value: Any) -> Any:
+    """A tensor or numpy scalar as a float (JSON-ready); anything else unchanged."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return float(item())
+        except (TypeError, ValueError, RuntimeError):
+            return value
+    return value
+
+
+class Reporter:
+    """Step accounting and event lines for one worker. ``train_batch``: the global batch (samples per step)."""
+
+    def __init__(self, *, rank: int, train_batch: int):
+        self.rank = rank
+        self.train_batch = train_batch
+        self.monitor = None  # a MemoryMonitor, once start_monitor ran
+        self.last_metrics: dict[str, Any] = {}
+        self._reports = 0
+        self._last_step = 0
+        self._started = self._last_time = time.perf_counter()
+        self._last_memory_event = 0.0
+
+    def start_monitor(self, interval: float, *, gpu: bool) -> None:
+        """Sample this worker's GPU (NVML) or RSS (CPU workers) in a background thread."""
+        from raytrain.runtime.monitor import MemoryMonitor
+
+        self.monitor = MemoryMonitor(interval=interval, gpu=gpu).start()
+
+    def resume_at(self, step: int) -> None:
+        """Count throughput from ``step`` (a restored run's first report covers the steps after it)."""
+        self._last_step = step
+
+    def step_metrics(self, metrics: dict[str, Any], *, engine_step: int | None = None) -> dict[str, Any]:
+        """``metrics`` as floats plus ``step`` (given, else ``engine_step``, else the count of reports),
+        ``samples_per_s`` and ``step_time_s`` (over the steps since the last report), ``elapsed_s``,
+        ``wall_time`` and the memory sampler's readings; a key the job gave is kept as given."""
+        clean = {k: as_float(v) for k, v in metrics.items()}
+        self._reports += 1
+        step = clean.get("step")
+        if step is None:
+            step = engine_step or self._reports
+            clean["step"] = step
+        now = time.perf_counter()
+        steps_done = max(int(step) - self._last_step, 0)
+        dt = now - self._last_time
+        if steps_done and dt > 0:
+            clean.setdefault("samples_per_s", round(steps_done * self.train_batch / dt, 3))
+            clean.setdefault("step_time_s", round(dt / steps_done, 4))
+        self._last_time, self._last_step = now, int(step)
+        clean.setdefault("elapsed_s", round(now - self._started, 3))
+        clean.setdefault("wall_time", round(time.time(), 3))
+        if self.monitor is not None:
+            for key, value in self.monitor.metrics().items():
+                clean.setdefault(key, value)
+        self.last_metrics = clean
+        return clean
+
+    def report(self, metrics: dict[str, Any], *, engine_step: int | None = None) -> dict[str, Any]:
+        """One step's report: the metrics event (rank 0) and, at most every 10 s, a memory event. Returns the
+        metrics as emitted."""
+        clean = self.step_metrics(metrics, engine_step=engine_step)
+        if self.rank == 0:
+            events.emit(events.METRICS, **clean)
+        self.memory_event()
+        return clean
+
+    def memory_event(self, final: bool = False) -> None:
+        if self.monitor is None:
+            return
+        now = time.monotonic()
+        if not final and now - self._last_memory_event < MEMORY_EVENT_EVERY_S:
+            return
+        self._last_memory_event = now
+        peak = self.monitor.peak()
+        events.emit(
+            events.MEMORY,
+            rank=self.rank,
+            source=peak["source"],
+            rss_peak=peak["rss_peak"],
+            gpu_memory_peak=peak["gpu_memory_used_peak"],
+            final=final,
+        )
+
+    def finish(self) -> None:
+        """Stop the sampler and emit this worker's final peak memory."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.memory_event(final=True)

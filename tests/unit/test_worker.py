@@ -1,0 +1,79 @@
+"""train_loop_per_worker for a train(ctx) job, without Ray: the driver's plan dict becomes one typed Plan,
+the job file is found in the working_dir and gets a ctx built from it, and ctx.finish runs after train."""
+import json
+import sys
+import textwrap
+
+import pytest
+
+from raytrain.config import Options, Plan, resolve
+from raytrain.events import METRICS, parse_line
+
+JOB = """
+import json
+
+def train(ctx):
+    for step in range(ctx.start_step, 3):
+        ctx.report({"loss": 1.0 / (step + 1)})
+    with open("ctx.json", "w") as f:
+        json.dump({"plan_type": type(ctx.plan).__name__, "rank": ctx.rank, "world_size": ctx.world_size,
+                   "args": ctx.args, "micro_batch": ctx.micro_batch, "grad_accum": ctx.grad_accum,
+                   "train_batch": ctx.train_batch, "dp_rank": ctx.dp_rank, "checkpoint_every": ctx.checkpoint_every,
+                   "device": str(ctx.device), "resumed_from": ctx.resumed_from}, f)
+"""
+
+
+@pytest.fixture
+def ray_train(monkeypatch):
+    ray_train = pytest.importorskip("ray.train")
+    import ray.train.torch
+
+    class Context:
+        get_world_rank = staticmethod(lambda: 0)
+        get_local_rank = staticmethod(lambda: 0)
+        get_world_size = staticmethod(lambda: 1)
+
+    monkeypatch.setattr(ray_train, "get_context", lambda: Context())
+    monkeypatch.setattr(ray_train, "get_checkpoint", lambda: None)
+    monkeypatch.setattr(ray.train.torch, "get_device", lambda: "cpu")
+    monkeypatch.setattr(ray_train, "report", lambda *a, **kw: pytest.fail("a metrics report went to Ray Train"))
+    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the worker sets for CPU workers (setdefault)
+    return ray_train
+
+
+def test_the_worker_runs_train_with_a_ctx_from_the_typed_plan(tmp_path, ray_train, monkeypatch, capsys):
+    from raytrain.runtime.worker import train_loop_per_worker
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "train.py").write_text(textwrap.dedent(JOB))
+    plan = resolve(Options(job=str(folder / "train.py"), workers=1, micro_batch=2, grad_accum=3,
+                           checkpoint_every=5, job_args=["--x", "1"]))
+    assert plan.mode == "train"
+    monkeypatch.syspath_prepend(str(folder))  # Ray puts the unpacked working_dir on sys.path
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "raytrain_job", raising=False)
+    train_loop_per_worker({"plan": json.loads(plan.to_json()), "resume_from": None})
+    seen = json.loads((tmp_path / "ctx.json").read_text())
+    assert seen == {"plan_type": Plan.__name__, "rank": 0, "world_size": 1, "args": ["--x", "1"], "micro_batch": 2,
+                    "grad_accum": 3, "train_batch": 6, "dp_rank": 0, "checkpoint_every": 5, "device": "cpu",
+                    "resumed_from": None}
+    metrics = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+
+
+def test_ctx_keeps_the_surface_jobs_use():
+    """What the README's ctx table and the jobs use, on the one object train(ctx) receives."""
+    from raytrain.runtime.context import TrainContext
+    from tests.conftest import JOBS
+
+    ctx = TrainContext(resolve(Options(job=str(JOBS / "cnn.py"), workers=1)), rank=0, local_rank=0, world_size=1,
+                       device="cpu")
+    for name in ("deepspeed", "pipeline", "checkpointed", "report", "log", "finish", "start_monitor"):
+        assert callable(getattr(ctx, name)), name
+    for name in ("rank", "local_rank", "world_size", "is_main", "device", "dtype", "args", "config", "micro_batch",
+                 "grad_accum", "train_batch", "dp_rank", "dp_size", "dp", "tp", "pp", "state", "start_step",
+                 "resumed_from", "engine", "name", "plan", "activation_checkpointing", "checkpoint_every", "monitor"):
+        getattr(ctx, name)
+    assert (ctx.start_step, ctx.state, ctx.resumed_from, ctx.engine, ctx.is_main) == (0, {}, None, None, True)
