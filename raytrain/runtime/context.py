@@ -8,6 +8,7 @@ import copy
 import os
 from typing import Any
 
+from raytrain import timings
 from raytrain.config.plan import Plan
 from raytrain.runtime.checkpointer import Checkpointer
 from raytrain.runtime.engine import build_engine
@@ -57,6 +58,7 @@ class TrainContext:
         self.activation_checkpointing = plan.activation_checkpointing
         self.engine = None
         self.state: dict[str, Any] = {}
+        self._first_step_marked = False
         self.start_step = 0
         self.resumed_from: str | None = None
         self._reporter = Reporter(rank=rank, train_batch=self.train_batch)
@@ -117,6 +119,7 @@ class TrainContext:
             **kwargs,
         )
         self._restore()
+        timings.emit("engine_built", rank=self.rank)
         return self.engine
 
     def pipeline(
@@ -171,6 +174,9 @@ class TrainContext:
         ``checkpoint=True`` (every rank must pass the same value).
         """
         clean = self._reporter.report(metrics, engine_step=getattr(self.engine, "global_steps", None))
+        if not self._first_step_marked:
+            self._first_step_marked = True
+            timings.emit("first_step", rank=self.rank)
         if checkpoint is None:
             checkpoint = self._checkpoints.due(int(clean["step"]))
         if checkpoint and self.engine is not None:

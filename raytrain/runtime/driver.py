@@ -92,6 +92,14 @@ def read_plan() -> Plan:
     return Plan.from_dict(json.loads(os.environ["RAYTRAIN_PLAN"]))
 
 
+def _pinned_address() -> dict | None:
+    """The job's actors get the cluster address the driver was given. Ray Train's PlacementGroupCleaner
+    otherwise looks the cluster up by "auto", which fails on a machine running two Ray clusters ("Found
+    multiple active Ray instances"): its thread dies and a stopped job's placement group can leak."""
+    address = os.environ.get("RAY_ADDRESS")
+    return {"env_vars": {"RAY_ADDRESS": address}} if address else None
+
+
 def main() -> int:
     from raytrain import timings
 
@@ -102,7 +110,7 @@ def main() -> int:
     run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
     import ray
 
-    ray.init(log_to_driver=True)
+    ray.init(log_to_driver=True, runtime_env=_pinned_address())
     scaling = plan.scaling
     problem = capacity_problem(
         scaling.num_workers, scaling.resources_per_worker, cluster_nodes(), scaling.min_workers

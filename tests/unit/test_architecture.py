@@ -1,0 +1,116 @@
+"""The code's shape, checked (issue 14): no import cycles, the control plane never imports the worker runtime,
+the CLI starts without torch/deepspeed/ray, and config/, targets/, clusters/ keep functions short.
+
+Imports are read from the source (AST), including imports inside functions, so a cycle cannot hide there.
+An edge is a module a file names; a package's ``__init__`` that re-exports its submodules (raytrain.config,
+raytrain.planner) is a facade no submodule imports back.
+"""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PKG = ROOT / "raytrain"
+CONTROL_PLANE = ("cli", "config", "targets", "clusters", "planner", "checkpoints", "api", "status", "events",
+                 "timings", "capacity", "storage", "paths", "errors", "nvml")
+SHORT_FUNCTIONS = ("config", "targets", "clusters")
+MAX_LINES = 60
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        for n in names:
+            while n and n not in known:
+                n = n.rpartition(".")[0]
+            if n and n != name and n.startswith("raytrain"):
+                found.add(n)
+    # "from raytrain.config import options" names the submodule: keep the most specific module only
+    return {n for n in found if not any(o.startswith(n + ".") for o in found)} | (found & {"raytrain"})
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    g = graph()
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_control_plane_never_imports_the_worker_runtime():
+    bad = {
+        name: sorted(d for d in deps if d.startswith("raytrain.runtime"))
+        for name, deps in graph().items()
+        if name.split(".")[1:2] and name.split(".")[1] in CONTROL_PLANE
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_the_cli_starts_without_torch_deepspeed_or_ray():
+    code = "import sys, raytrain.cli.main; print(sorted(m for m in ('torch', 'deepspeed', 'ray') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_functions_in_config_targets_clusters_stay_short_or_say_why():
+    long = []
+    for folder in SHORT_FUNCTIONS:
+        for path in (PKG / folder).rglob("*.py"):
+            lines = path.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    head = "\n".join(lines[node.lineno - 2: node.lineno + 3])
+                    if length > MAX_LINES and "long:" not in head:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert long == [], "functions over 60 lines need a '# long: reason' comment next to the def"
