@@ -28,10 +28,31 @@ def build_pipeline(layers: Any, *, stages: int, loss_fn: Any, partition_method: 
     layers = list(layers)
     if len(layers) < stages:
         raise PartitionError(f"--pp {stages}: the job gave {len(layers)} layers; a pipeline needs at least {stages}")
-    return PipelineModule(
+    module = PipelineModule(
         layers=layers,
         num_stages=stages,
         loss_fn=loss_fn,
         partition_method=partition_method,
         activation_checkpoint_interval=checkpoint_interval,
     )
+    if stages > 1:
+        count_every_stage_in_grad_norm(module)
+    return module
+
+
+def count_every_stage_in_grad_norm(module: Any) -> int:
+    """Work around DeepSpeed 0.19's gradient clipping under pipeline parallel: its global norm counts a
+    parameter only on model-parallel rank 0 or when the parameter is tagged model-parallel, and in the pipeline
+    grid stage k reports model-parallel rank k, so every stage was scaled by stage 0's norm alone (--pp 2 then
+    trains differently from --pp 1 whenever clipping acts). Tagging each stage's parameters ``model_parallel``
+    makes every stage count its own gradients once. Sound only without tensor parallelism (raytrain refuses
+    --tp with --pp) and without weights tied across stages (refused here). Returns the parameters tagged."""
+    if getattr(module, "tied_modules", None):
+        raise PartitionError(
+            "--pp with weights tied across stages (TiedLayerSpec) is not supported: DeepSpeed's gradient clipping "
+            "would count the tied weights on the wrong stages; untie them, or run with --grad-clip 0"
+        )
+    params = list(module.parameters())
+    for p in params:
+        p.model_parallel = True
+    return len(params)

@@ -53,6 +53,18 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     text = cli("jobs", "status", job, check=True).stdout
     assert "state     succeeded" in text and "step 12" in text
 
+    # where the time went, from the command's start to step 1, every phase in order (issue 18)
+    rows = cli.json("jobs", "status", job, "--timings")["timings"]
+    phases = [r["phase"] for r in rows]
+    assert phases == ["command", "request_built", "submitted", "job_accepted", "driver_started", "driver_ready",
+                      "workers_started", "preflight", "process_group", "worker_process", "train_fn", "imports",
+                      "engine_built", "first_step"], phases
+    by = {r["phase"]: r for r in rows}
+    assert by["command"]["at_s"] == 0 and 0 < by["first_step"]["at_s"] < 600
+    assert by["imports"]["ranks"] == 2 and by["first_step"]["ranks"] == 2
+    table = cli("jobs", "status", job, "--timings", check=True).stdout
+    assert "engine_built" in table and "DeepSpeed engine built" in table
+
 
 def test_submit_gpt_zero3_bf16_grad_accum(cli):
     proc = cli("submit", JOBS / "gpt_zero.py", "--workers", "2", "--zero", "3", "--precision", "bf16",
