@@ -64,7 +64,8 @@ class RayClusterJobsTarget(RayJobsTarget):
         return nodes_from_spec(self.raycluster().get("spec") or {})
 
     def reconnect_flags(self) -> list[str]:
-        return ["--k8s"]
+        # `jobs ... --k8s` alone means RayJobs; this job runs on a RayCluster's Jobs API
+        return ["--k8s", "--cluster", self.ray_cluster, "--namespace", self.namespace]
 
     def stop_and_wait(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> str:
         stopped = self.stop(job_id)

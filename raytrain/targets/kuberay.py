@@ -181,7 +181,7 @@ class RayJobTarget(Target):
         return nodes_from_spec(render_raycluster_spec(self.profile))
 
     def reconnect_flags(self) -> list[str]:
-        return ["--k8s"]
+        return ["--k8s", "--namespace", self.namespace]
 
     # -- building the request (no side effects) ---------------------------------------------------------
     def _working_dir(self) -> str:

@@ -96,6 +96,8 @@ def test_the_factory_builds_every_target(raytrain_home, monkeypatch):
 def test_targets_say_how_to_reach_them_again(raytrain_home):
     assert LocalTarget().reconnect_flags() == []
     assert RayJobsTarget("http://h:8265").reconnect_flags() == ["--address", "http://h:8265"]
-    assert _rayjob(None).reconnect_flags() == ["--k8s"]
+    # `jobs ... --k8s` alone looks at RayJobs; a job on a RayCluster's Jobs API needs --cluster (was dropped)
+    assert _rayjob(None).reconnect_flags() == ["--k8s", "--namespace", "team"]
+    assert _port_forward(None).reconnect_flags() == ["--k8s", "--cluster", "shared", "--namespace", "team"]
     assert LocalTarget().storage_is_local and not RayJobsTarget("http://h:8265").storage_is_local
     assert not LocalTarget(auto_start=False).running()  # before `cluster up`
