@@ -53,7 +53,9 @@ def close(a, b, tol):
 @pytest.fixture(scope="module")
 def reference(e2e_env):
     losses, probe = run(e2e_env, REFERENCE)
-    assert losses[0] > 5 and losses[-1] < losses[0], losses  # large enough that clipping at 1.0 acts
+    # large enough that clipping at 1.0 acts (docs/upstream/deepspeed_pp_clip.py: the same model and data
+    # sizes drift by ~0.03 from step 2 under --pp 2 without raytrain's fix)
+    assert losses[0] > 5 and len(set(losses)) == STEPS, losses
     return losses, probe
 
 
