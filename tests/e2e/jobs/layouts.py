@@ -82,8 +82,11 @@ def train(ctx):
             batches = [(x.to(ctx.dtype), y) for x, y in micro_batches(ctx, step)]
             return float(engine.train_batch(data_iter=iter(batches)))  # the global mean, on every stage
 
-        def probe_loss():
-            return float(engine.eval_batch(iter([(probe[0].to(ctx.dtype), probe[1])] * ctx.grad_accum)))
+        def probe_loss():  # the pipeline's buffers have the micro-batch's shape: feed the probe in micro-batches
+            m = ctx.micro_batch
+            assert m * ctx.grad_accum == len(probe[0]), "the probe must be grad_accum micro-batches"
+            chunks = [(probe[0][i:i + m].to(ctx.dtype), probe[1][i:i + m]) for i in range(0, len(probe[0]), m)]
+            return float(engine.eval_batch(iter(chunks)))  # the mean over equal chunks: the probe's mean
     else:
         engine = ctx.deepspeed(Net(layers(), ctx.checkpointed), optimizer=sgd)
 
