@@ -56,6 +56,21 @@ def cluster_down(env: dict[str, str]) -> None:
 WORKER_MARKS = ("ray::RayTrainWorker", "bare_runner.py")  # the training processes of A and of B
 
 
+def processes():
+    """(pid, the /proc/PID/stat fields after the command name, the command line) of every process (Linux)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read(300).decode(errors="replace").replace("\0", " ").strip()
+        except OSError:
+            continue
+        yield int(name), stat[stat.rindex(")") + 2:].split(), cmd
+
+
 class CpuSampler:
     """Samples every process's CPU time (/proc) once per ``interval`` in a thread, so that a run's window
     (e.g. its steady steps) can be split into CPU used by the training processes and by everything else
@@ -71,20 +86,8 @@ class CpuSampler:
         self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def _snapshot(self) -> dict[int, tuple[int, bool]]:
-        out = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    stat = f.read()
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    cmd = f.read(300).decode(errors="replace")
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            out[int(name)] = (int(fields[11]) + int(fields[12]), any(m in cmd for m in WORKER_MARKS))
-        return out
+        return {pid: (int(fields[11]) + int(fields[12]), any(m in cmd for m in WORKER_MARKS))
+                for pid, fields, cmd in processes()}
 
     def _run(self) -> None:
         while not self._stop.is_set():

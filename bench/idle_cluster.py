@@ -31,19 +31,9 @@ def process_tree(root: int) -> dict[int, tuple[str, float, int]]:
     kids: dict[int, list[int]] = collections.defaultdict(list)
     info: dict[int, tuple[str, float, int]] = {}
     hz = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline") as f:
-                cmd = f.read().replace("\0", " ").strip()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        kids[int(fields[1])].append(int(entry))
-        info[int(entry)] = (cmd, (int(fields[11]) + int(fields[12])) / hz, int(fields[16]))
+    for pid, fields, cmd in bl.processes():
+        kids[int(fields[1])].append(pid)
+        info[pid] = (cmd, (int(fields[11]) + int(fields[12])) / hz, int(fields[16]))
     out, stack = {}, [root]
     while stack:
         pid = stack.pop()
