@@ -31,8 +31,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    import deepspeed  # noqa: F401  (what every job needs; timed on its own)
     import torch  # noqa: F401
+
+    from raytrain.runtime.imports import import_deepspeed
+
+    import_deepspeed()  # what every job needs; timed on its own
 
     timings.emit("imports", rank=rank)
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__

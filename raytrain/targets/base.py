@@ -48,6 +48,16 @@ RUNTIME_ENV_VARS = {
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # else every print of the job reaches the log twice
 }
 
+# Added on the embedded local cluster, where each saves a process or per-step work that serves nothing there.
+LOCAL_RUNTIME_ENV_VARS = {
+    # Ray Train's preemption watcher is one more actor process per job, polling for node drains (spot
+    # instances, autoscaler scale-down) that a single local node never has; its start also logs a red
+    # core_worker error line ("max_restarts > 0") that means nothing to the user.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # Ray Train's Prometheus metrics: the local head does not collect metrics (clusters/ray_process.py).
+    "RAY_TRAIN_METRICS_ENABLED": "0",
+}
+
 
 @dataclass
 class Request:

@@ -7,7 +7,7 @@ from raytrain import paths
 from raytrain.capacity import Node
 from raytrain.clusters import local_head
 from raytrain.errors import ClusterError
-from raytrain.targets.base import JobHandle, Request
+from raytrain.targets.base import LOCAL_RUNTIME_ENV_VARS, JobHandle, Request
 from raytrain.targets.ray_jobs import RayJobsTarget
 
 
@@ -16,6 +16,7 @@ class LocalTarget(RayJobsTarget):
 
     kind = "local"
     storage_is_local = True  # the run's storage is on this machine
+    runtime_env_vars = LOCAL_RUNTIME_ENV_VARS
 
     def __init__(self, *, auto_start: bool = True):
         self.auto_start = auto_start

@@ -36,6 +36,7 @@ class RayJobsTarget(Target):
     """Submit to the Jobs API at ``address``. ``python`` is the interpreter the entrypoint runs with."""
 
     kind = "address"
+    runtime_env_vars: dict[str, str] = {}  # this target's additions to RUNTIME_ENV_VARS
 
     def __init__(self, address: str, *, token: str | None = None, python: str = "python", ship_raytrain: bool = True):
         self.python = python
@@ -52,7 +53,7 @@ class RayJobsTarget(Target):
         return None  # Ray's default on the head node (~/ray_results)
 
     def runtime_env(self, plan: Plan, run_name: str) -> dict:
-        env_vars = {**RUNTIME_ENV_VARS, **plan.env, "RAYTRAIN_PLAN": plan.to_json(), "RAYTRAIN_RUN_NAME": run_name}
+        env_vars = {**RUNTIME_ENV_VARS, **self.runtime_env_vars, **plan.env, "RAYTRAIN_PLAN": plan.to_json(), "RAYTRAIN_RUN_NAME": run_name}
         runtime_env = {
             "working_dir": plan.job_dir,
             "excludes": list(SECRET_EXCLUDES),

@@ -101,3 +101,17 @@ def test_targets_say_how_to_reach_them_again(raytrain_home):
     assert _port_forward(None).reconnect_flags() == ["--k8s", "--cluster", "shared", "--namespace", "team"]
     assert LocalTarget().storage_is_local and not RayJobsTarget("http://h:8265").storage_is_local
     assert not LocalTarget(auto_start=False).running()  # before `cluster up`
+
+
+def test_the_local_cluster_turns_off_ray_train_processes_it_has_no_use_for(raytrain_home, tmp_path):
+    """Ray Train's preemption watcher (an actor process per job, polling for node drains) and its metrics are
+    off on the local cluster, where a node is never drained and metrics are not collected; on any other
+    cluster they stay as Ray sets them, and --env still overrides them everywhere."""
+    plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=1, gpus_per_worker=0), cluster_has_gpus=False)
+    local = _local(tmp_path).dry_run(plan).runtime_env["env_vars"]
+    assert local["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0" and local["RAY_TRAIN_METRICS_ENABLED"] == "0"
+    remote = _address(tmp_path).dry_run(plan).runtime_env["env_vars"]
+    assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in remote and "RAY_TRAIN_METRICS_ENABLED" not in remote
+    plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=1, gpus_per_worker=0,
+                           env={"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}), cluster_has_gpus=False)
+    assert _local(tmp_path).dry_run(plan).runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"

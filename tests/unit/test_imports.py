@@ -1,0 +1,55 @@
+"""raytrain.runtime.imports: DeepSpeed is imported without packages it only wants for unused features."""
+import subprocess
+import sys
+import textwrap
+
+from raytrain.runtime.imports import UNUSED_BY_DEEPSPEED, import_hiding
+
+
+def test_a_hidden_package_looks_absent_to_the_import_and_is_importable_afterwards(tmp_path, monkeypatch):
+    (tmp_path / "heavy_optional.py").write_text("LOADED = True\n")
+    (tmp_path / "lib_under_test.py").write_text(textwrap.dedent("""
+        try:
+            import heavy_optional
+            HAS = True
+        except ImportError:
+            HAS = False
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lib = import_hiding("lib_under_test", ("heavy_optional",))
+    try:
+        assert lib.HAS is False
+        assert "heavy_optional" not in sys.modules
+        import heavy_optional  # the user's own code still gets it
+
+        assert heavy_optional.LOADED
+    finally:
+        for name in ("lib_under_test", "heavy_optional"):
+            sys.modules.pop(name, None)
+
+
+def test_an_already_imported_package_is_not_hidden(tmp_path, monkeypatch):
+    (tmp_path / "heavy_optional2.py").write_text("")
+    (tmp_path / "lib_under_test2.py").write_text("import heavy_optional2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import heavy_optional2  # noqa: F401
+
+    try:
+        import_hiding("lib_under_test2", ("heavy_optional2",))  # would raise if it were hidden
+        assert sys.modules["heavy_optional2"] is not None
+    finally:
+        for name in ("lib_under_test2", "heavy_optional2"):
+            sys.modules.pop(name, None)
+
+
+def test_deepspeed_on_a_worker_does_not_import_mlflow():
+    """The real DeepSpeed, in a fresh interpreter: mlflow (installed with raytrain[track]) stays out."""
+    code = (
+        "import sys, os; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
+        "from raytrain.runtime.imports import import_deepspeed\n"
+        "import_deepspeed()\n"
+        "print(sorted(n for n in %r if n in sys.modules))\n" % (UNUSED_BY_DEEPSPEED,)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
