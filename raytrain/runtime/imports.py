@@ -1,15 +1,23 @@
-"""Import DeepSpeed on a worker without the optional packages it pulls in for features raytrain never uses."""
+"""Import DeepSpeed on a worker without paying for features raytrain never uses.
+
+Two costs DeepSpeed 0.19 puts before every job's first step, on every worker (CPU seconds on 2 cores):
+- ``deepspeed.autotuning.autotuner`` runs ``import mlflow`` to log autotuning experiments. Where mlflow is
+  installed (raytrain[track] puts it there), that brings pandas, sqlalchemy, opentelemetry: ~1.8 s.
+- The ZeRO optimizers import DeepSpeed's Muon module for an ``isinstance`` check, and that module decorates
+  three functions with ``torch.compile`` when it is imported; building those wrappers loads TorchInductor:
+  ~2.2 s. raytrain makes the decoration lazy: ``torch.compile(fn)`` is built on the first call, which only
+  a job that really uses Muon makes (torch.compile itself compiles on the first call anyway).
+``RAYTRAIN_HIDE_UNUSED_IMPORTS=0`` turns both off (bench/job_cost.py measures what they save).
+"""
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
 from types import ModuleType
+from typing import Callable
 
-# deepspeed.autotuning.autotuner runs `import mlflow` when DeepSpeed is imported, to log autotuning
-# experiments (raytrain never runs DeepSpeed's autotuner). Where mlflow is installed (raytrain[track] puts
-# it there) that import brings pandas, sqlalchemy, opentelemetry...: about 1.5 s of CPU on every worker of
-# every job before its first step, more than the rest of `import deepspeed`.
 UNUSED_BY_DEEPSPEED = ("mlflow",)
 
 
@@ -29,6 +37,32 @@ def import_hiding(module: str, hidden: tuple[str, ...]) -> ModuleType:
                 del sys.modules[name]
 
 
+def compile_on_first_call() -> Callable[[Callable], Callable]:
+    """A stand-in for ``deepspeed.runtime.compiler.compile()``: a decorator that builds ``torch.compile(fn)``
+    when the function is first called, not when its module is imported."""
+
+    def decorate(fn: Callable) -> Callable:
+        compiled: list[Callable] = []
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if not compiled:
+                import torch
+
+                compiled.append(torch.compile(fn))
+            return compiled[0](*args, **kwargs)
+
+        return call
+
+    return decorate
+
+
 def import_deepspeed() -> ModuleType:
-    hidden = UNUSED_BY_DEEPSPEED if os.environ.get("RAYTRAIN_HIDE_UNUSED_IMPORTS", "1") != "0" else ()
-    return import_hiding("deepspeed", hidden)  # RAYTRAIN_HIDE_UNUSED_IMPORTS=0: as DeepSpeed does (bench/)
+    if os.environ.get("RAYTRAIN_HIDE_UNUSED_IMPORTS", "1") == "0":
+        return importlib.import_module("deepspeed")
+    deepspeed = import_hiding("deepspeed", UNUSED_BY_DEEPSPEED)
+    from deepspeed.runtime import compiler
+
+    if "deepspeed.runtime.zero.muon.original_muon" not in sys.modules:  # not decorated yet
+        compiler.compile = compile_on_first_call
+    return deepspeed

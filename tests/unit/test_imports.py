@@ -53,3 +53,29 @@ def test_deepspeed_on_a_worker_does_not_import_mlflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _run(code: str, **env) -> list[str]:
+    prelude = (
+        "import sys, os; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
+        "from raytrain.runtime.imports import import_deepspeed\n"
+        "import_deepspeed()\n"
+        "import torch\n"
+        "from deepspeed.runtime.zero.muon import muon_optimizer, original_muon\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()
+
+
+def test_deepspeeds_muon_module_builds_no_compiled_wrappers_until_they_are_called():
+    """ZeRO optimizers import DeepSpeed's Muon module; its torch.compile decorations (TorchInductor) wait for
+    a call. Called (dynamo disabled there: no C++ compiler run in a unit test), they give the eager result."""
+    assert _run("print('torch._inductor.compile_fx' in sys.modules)")[-1] == "False"
+    compare = (
+        "g = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))\n"
+        "out = original_muon.zeropower_via_newtonschulz5(g, 5)\n"
+        "print(torch.equal(out, original_muon.zeropower_via_newtonschulz5.__wrapped__(g, 5)))\n"
+    )
+    assert _run(compare, TORCHDYNAMO_DISABLE="1")[-1] == "True"
