@@ -74,7 +74,7 @@ class Options:
     job: str | None = option("The job file (the JOB argument).", flag=False)
     job_args: list[str] = option("Arguments after `--`: ctx.args, or a script's command line.", flag=False,
                                  default_factory=list)
-    address: str | None = option(generated=False)  # Click option: raytrain.cli.common.address_option
+    address: str | None = option(generated=False, metavar="URL")  # Click option: raytrain.cli.common.address_option
     workers: int | str | None = option(  # N, or "MIN-MAX" for elastic training (Ray Train's worker range)
         "Number of workers (one per GPU), or an elastic range MIN-MAX: start with as many as fit, continue with "
         "fewer (>= MIN) after a lost node, global batch kept. Default {default}.",

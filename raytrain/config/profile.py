@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.config.options import SPECS, Options
+from raytrain.config.profile_types import check_value
 from raytrain.errors import ConfigError
 
 # Path options (ds_config, tp_spec): a relative path in a profile is relative to the profile.
@@ -40,12 +41,11 @@ def load_profile(path: str | Path) -> Options:
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name not in SPECS or name == "job_args" and not isinstance(value, list):
+        if name not in SPECS:
             known = ", ".join(sorted(k.replace("_", "-") for k in SPECS))
             raise ConfigError(f"--config {path}: unknown key {key!r}; known keys: {known}", flag="--config")
-        values[name] = value
-    if "env" in values and not isinstance(values["env"], dict):
-        raise ConfigError(f"--config {path}: 'env' must be a mapping", flag="--config")
+        check_value(str(path), str(key), name, value)
+        values[name] = [str(v) for v in value] if name == "job_args" else value
     for key in PATH_KEYS:
         if values.get(key) and not Path(values[key]).is_absolute():
             values[key] = str((p.parent / values[key]).resolve())
