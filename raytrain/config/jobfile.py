@@ -99,7 +99,25 @@ def _mode(path: str, tree: ast.Module, script: bool | None) -> tuple[str, str]:
         raise ConfigError(
             f"job file {path}: train() takes no argument; define it as train(ctx)", flag="JOB"
         )
+    _check_called_with_ctx(path, train)
     return "train", "train(ctx)"
+
+
+def _check_called_with_ctx(path: str, train: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    """raytrain calls ``train(ctx)`` with exactly one argument: refuse a signature that needs more."""
+    args = train.args
+    params = [*args.posonlyargs, *args.args]
+    required = [p.arg for p in params[: len(params) - len(args.defaults)]]
+    required_kw = [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
+    if len(required) <= 1 and not required_kw:
+        return
+    shown = ", ".join([p.arg for p in params] + (["*"] if required_kw and not args.vararg else []) + required_kw)
+    raise ConfigError(
+        f"job file {path}: train({shown}) needs {len(required) + len(required_kw)} arguments, but raytrain "
+        "calls train(ctx) with one, on every worker; define it as def train(ctx) and build the model and "
+        "optimizer inside (engine = ctx.deepspeed(model, optimizer)), or give the other parameters defaults",
+        flag="JOB",
+    )
 
 
 def check_job_file(path: str | None, script: bool | None = None) -> JobFile:

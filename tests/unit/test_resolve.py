@@ -151,6 +151,9 @@ def test_ds_config_missing_or_invalid(tmp_path):
         ("def train(ctx):\n  return (\n", "syntax error at line"),
         ("def main():\n    pass\n", "defines no train(ctx)"),
         ("def train():\n    pass\n", "train() takes no argument"),
+        ("def train(model, optimizer):\n    pass\n", "train(model, optimizer) needs 2 arguments"),
+        ("def train(ctx, /, steps):\n    pass\n", "train(ctx, steps) needs 2 arguments"),
+        ("def train(ctx, *, steps):\n    pass\n", "train(ctx, *, steps) needs 2 arguments"),
     ],
 )
 def test_job_file_problems(tmp_path, source, words):
@@ -160,6 +163,13 @@ def test_job_file_problems(tmp_path, source, words):
     with pytest.raises(ConfigError) as err:
         plan(job=str(job))
     assert words in str(err.value) and err.value.flag == "JOB"
+
+
+@pytest.mark.parametrize("signature", ["ctx", "ctx, steps=10", "*args", "ctx, *rest, seed=0", "ctx, **kw"])
+def test_a_train_callable_with_ctx_alone_passes(tmp_path, signature):
+    job = tmp_path / "job.py"
+    job.write_text(f"def train({signature}):\n    pass\n")
+    assert plan(job=str(job)).mode == "train"
 
 
 def test_profile_yaml_and_toml(tmp_path):
