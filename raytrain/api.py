@@ -60,6 +60,7 @@ def dry_run(options: Options, target: Target | None = None) -> tuple[Target, Req
 
     target, the_plan = plan(options, target)
     request = target.dry_run(the_plan)
+    check_here(target, request.plan)
     timings.mark("request_built")
     return target, request
 
@@ -77,17 +78,26 @@ def check_capacity(target: Target, the_plan: Plan, request: Request | None = Non
         raise ClusterError(problem)
 
 
-def check_resume(target: Target, the_plan: Plan) -> None:
-    """Where the run's storage is on this machine (the local cluster): check --resume before submitting
-    (the driver checks again on the cluster, where it also covers remote clusters)."""
-    if the_plan.resume and target.storage_is_local:
+def check_here(target: Target, the_plan: Plan) -> None:
+    """The checks that need no cluster, run by the dry run and the submit alike. Where the run's storage is
+    on this machine (the local cluster): --storage must be writable and --resume must name a complete
+    checkpoint (the driver checks --resume again on the cluster, where it also covers remote clusters)."""
+    if not target.storage_is_local:
+        return
+    from raytrain.errors import ConfigError
+    from raytrain.storage import local_storage_problem
+
+    problem = local_storage_problem(the_plan.storage)
+    if problem:
+        raise ConfigError(problem, flag="--storage")
+    if the_plan.resume:
         from raytrain.checkpoints.store import resolve_resume
 
         resolve_resume(the_plan.resume, the_plan.storage)
 
 
 def submit_request(target: Target, request: Request) -> JobHandle:
-    check_resume(target, request.plan)
+    check_here(target, request.plan)
     target.ensure_running()
     check_capacity(target, request.plan, request)
     return target.submit(_with_client_timings(request))

@@ -61,3 +61,29 @@ def probe_visibility(storage: str, marker_prefix: str) -> dict[str, bool | str]:
         if error is None and os.path.exists(path):
             os.remove(path)
     return result
+
+
+def local_storage_problem(storage: str | None) -> str | None:
+    """Where the run's storage is on this machine (the local cluster): can this user create and write it?
+    None if so (or for a URI), else why not and what would work. Leaves nothing behind: a probe folder in
+    the nearest existing ancestor is made and removed at once."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    path = Path(storage or "").expanduser()
+    if not storage or is_uri(storage) or not path.is_absolute():
+        return None
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--storage {storage}: {existing} is a file, not a folder; give a folder you can write"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".raytrain-storage-check-", dir=existing))
+    except OSError as exc:
+        return (
+            f"--storage {storage}: cannot write to {existing} ({exc.strerror or type(exc).__name__}); "
+            "give a folder you can write (default: ~/.raytrain/runs)"
+        )
+    return None

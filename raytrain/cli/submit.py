@@ -55,6 +55,85 @@ def target_options_from_flags(options: Options, flags: dict) -> TargetOptions:
     )
 
 
+def _dry_run_summary(request, plan) -> dict:
+    """What `submit --dry-run --json` prints for a Ray Jobs API request."""
+    return {
+        **request.to_dict(),
+        "deepspeed": plan.deepspeed,
+        "scaling": {
+            "workers": plan.scaling.workers_label if plan.scaling.elastic else plan.scaling.num_workers,
+            "num_workers": plan.scaling.num_workers,
+            **({"min_workers": plan.scaling.min_workers} if plan.scaling.elastic else {}),
+            "use_gpu": plan.scaling.use_gpu,
+            "resources_per_worker": plan.scaling.resources_per_worker,
+            "placement_strategy": plan.scaling.placement_strategy,
+        },
+        "parallel": plan.parallel,
+        "batch": {
+            "micro_batch": plan.deepspeed["train_micro_batch_size_per_gpu"],
+            "grad_accum": plan.deepspeed["gradient_accumulation_steps"],
+            "data_parallel": plan.parallel["dp"],
+            "global_batch": plan.train_batch,
+        },
+        "mode": plan.mode,
+        "plan": plan.to_dict(),
+    }
+
+
+def _print_dry_run(request, as_json: bool) -> None:
+    """The exact request: in the target's own format (Kubernetes manifests) where it has one."""
+    plan = request.plan
+    if request.to_text() is not None:
+        if as_json:
+            print_json({**request.to_dict(), "deepspeed": plan.deepspeed, "plan": plan.to_dict()})
+        else:
+            click.echo(request.to_text(), nl=False)
+        return
+    if as_json:
+        print_json(_dry_run_summary(request, plan))
+        return
+    click.echo(f"target      {request.target} ({request.address})")
+    click.echo(f"job         {plan.job_file} {' '.join(plan.job_args)}")
+    click.echo(f"mode        {plan.mode}")
+    click.echo(f"entrypoint  {request.entrypoint}")
+    click.echo(
+        f"scaling     {plan.scaling.workers_label} worker(s) x {plan.scaling.resources_per_worker}"
+        f"{' (GPU)' if plan.scaling.use_gpu else ' (CPU, gloo)'}"
+    )
+    click.echo("deepspeed")
+    print_json(plan.deepspeed)
+
+
+def _say_script_mode(options: Options, plan) -> None:
+    if plan.mode == "script":
+        from raytrain.config.jobfile import check_job_file
+
+        reason = check_job_file(plan.job_file, script=options.script).mode_reason
+        click.echo(
+            f"raytrain: script mode ({reason}): running {plan.job_module} as __main__ on every worker", err=True
+        )
+
+
+def _follow(console: Console, target, handle, *, quiet: bool, stop_on_interrupt: bool):
+    """Follow the job to its end (its log unless ``quiet``); Ctrl-C leaves it running unless asked to stop."""
+    printer = ProgressPrinter(console, show_logs=not quiet)
+    try:
+        with printer:
+            return api.wait(handle, target, on_text=printer.on_text)
+    except KeyboardInterrupt:
+        if stop_on_interrupt:
+            target.stop(handle.job_id)
+            console.print(f"\nraytrain: stopped {handle.job_id}")
+        else:
+            where = _target_flags(target)
+            console.print(
+                f"\nraytrain: {handle.job_id} keeps running.\n"
+                f"  follow: raytrain jobs logs {handle.job_id}{where} --follow\n"
+                f"  stop:   raytrain jobs stop {handle.job_id}{where}"
+            )
+        sys.exit(130)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("job", type=click.Path(dir_okay=False), required=False)
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
@@ -73,55 +152,9 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
     """
     options = options_from_flags(job, job_args, **flags)
     target, request = api.dry_run(options, make_target(target_options_from_flags(options, flags)))
-    plan = request.plan
-    if plan.mode == "script":
-        from raytrain.config.jobfile import check_job_file
-
-        reason = check_job_file(plan.job_file, script=options.script).mode_reason
-        click.echo(
-            f"raytrain: script mode ({reason}): running {plan.job_module} as __main__ on every worker", err=True
-        )
-    if dry_run and request.to_text() is not None:  # the target's own format: the exact manifests (YAML)
-        if as_json:
-            print_json({**request.to_dict(), "deepspeed": plan.deepspeed, "plan": plan.to_dict()})
-        else:
-            click.echo(request.to_text(), nl=False)
-        return
+    _say_script_mode(options, request.plan)
     if dry_run:
-        out = {
-            **request.to_dict(),
-            "deepspeed": plan.deepspeed,
-            "scaling": {
-                "workers": plan.scaling.workers_label if plan.scaling.elastic else plan.scaling.num_workers,
-                "num_workers": plan.scaling.num_workers,
-                **({"min_workers": plan.scaling.min_workers} if plan.scaling.elastic else {}),
-                "use_gpu": plan.scaling.use_gpu,
-                "resources_per_worker": plan.scaling.resources_per_worker,
-                "placement_strategy": plan.scaling.placement_strategy,
-            },
-            "parallel": plan.parallel,
-            "batch": {
-                "micro_batch": plan.deepspeed["train_micro_batch_size_per_gpu"],
-                "grad_accum": plan.deepspeed["gradient_accumulation_steps"],
-                "data_parallel": plan.parallel["dp"],
-                "global_batch": plan.train_batch,
-            },
-            "mode": plan.mode,
-            "plan": plan.to_dict(),
-        }
-        if as_json:
-            print_json(out)
-        else:
-            click.echo(f"target      {request.target} ({request.address})")
-            click.echo(f"job         {plan.job_file} {' '.join(plan.job_args)}")
-            click.echo(f"mode        {plan.mode}")
-            click.echo(f"entrypoint  {request.entrypoint}")
-            click.echo(
-                f"scaling     {plan.scaling.workers_label} worker(s) x {plan.scaling.resources_per_worker}"
-                f"{' (GPU)' if plan.scaling.use_gpu else ' (CPU, gloo)'}"
-            )
-            click.echo("deepspeed")
-            print_json(plan.deepspeed)
+        _print_dry_run(request, as_json)
         return
 
     console = Console(stderr=as_json)
@@ -134,22 +167,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
             console.print(f"  follow: raytrain jobs logs {handle.job_id}{_target_flags(target)} --follow")
         return
     console.print(f"raytrain: submitted {handle.job_id} to {handle.address}", highlight=False)
-    printer = ProgressPrinter(console, show_logs=not quiet)
-    try:
-        with printer:
-            info = api.wait(handle, target, on_text=printer.on_text)
-    except KeyboardInterrupt:
-        if stop_on_interrupt:
-            target.stop(handle.job_id)
-            console.print(f"\nraytrain: stopped {handle.job_id}")
-        else:
-            where = _target_flags(target)
-            console.print(
-                f"\nraytrain: {handle.job_id} keeps running.\n"
-                f"  follow: raytrain jobs logs {handle.job_id}{where} --follow\n"
-                f"  stop:   raytrain jobs stop {handle.job_id}{where}"
-            )
-        sys.exit(130)
+    info = _follow(console, target, handle, quiet=quiet, stop_on_interrupt=stop_on_interrupt)
     last = info.facts.last_metrics if info.facts else None
     summary = describe_metrics(last) if last else "no metrics reported"
     console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False, soft_wrap=True)
