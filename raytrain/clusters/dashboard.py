@@ -62,13 +62,29 @@ class Dashboard:
                 f"the Ray cluster at {self.address} refused raytrain's credentials (HTTP {resp.status_code}); "
                 "give its token with RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
             )
+        try:
+            data = resp.json()
+        except ValueError:  # an HTML page, or anything else a Ray dashboard never answers with
+            what = f"{path} answered HTTP {resp.status_code}, {resp.headers.get('Content-Type') or 'no content type'}"
+            if resp.status_code >= 500:  # a dashboard in trouble may answer so: say it, without the page
+                raise ClusterError(f"{url}: HTTP {resp.status_code} ({what})") from None
+            raise self.not_a_dashboard(what) from None
         if resp.status_code >= 400:
-            raise ClusterError(f"{url}: HTTP {resp.status_code}: {resp.text[:200]}")
-        return resp.json()
+            raise ClusterError(f"{url}: HTTP {resp.status_code}: {str(data)[:200]}")
+        return data
+
+    def not_a_dashboard(self, why: str) -> ClusterError:
+        return ClusterError(
+            f"not a Ray dashboard at {self.address} ({why}); check --address: the Ray dashboard's URL, "
+            "e.g. http://HEAD:8265"
+        )
 
     def check_reachable(self) -> dict:
         """The cluster's version info; a clear ClusterError within a few seconds otherwise."""
-        return self.get("/api/version")
+        data = self.get("/api/version")
+        if not isinstance(data, dict) or "ray_version" not in data:
+            raise self.not_a_dashboard("/api/version has no ray_version")
+        return data
 
     def nodes(self) -> list[Node]:
         data = self.get("/nodes?view=summary")
