@@ -66,9 +66,10 @@ def latest_complete(run_dir: str | Path) -> CheckpointInfo | None:
     return complete[-1] if complete else None
 
 
-def resolve_resume(spec: str, storage: str | None) -> CheckpointInfo:
+def resolve_resume(spec: str, storage: str | None, flag: str = "--resume") -> CheckpointInfo:
     """``--resume`` value -> the checkpoint to load: a checkpoint directory, a run directory, or a run name
-    under ``storage``. Raises ConfigError naming what was tried."""
+    under ``storage``. Raises ConfigError naming ``flag`` (the argument that gave ``spec``) and what was
+    tried."""
     candidates = [Path(spec).expanduser()]
     if storage and not os.path.isabs(spec):
         candidates.append(Path(storage).expanduser() / spec)
@@ -78,14 +79,14 @@ def resolve_resume(spec: str, storage: str | None) -> CheckpointInfo:
         if is_checkpoint_dir(path):
             info = inspect(path)
             if not info.complete:
-                raise ConfigError(f"--resume {spec}: checkpoint {path} is incomplete ({info.reason})", flag="--resume")
+                raise ConfigError(f"{flag} {spec}: checkpoint {path} is incomplete ({info.reason})", flag=flag)
             return info
         latest = latest_complete(path)
         if latest is not None:
             return latest
-        raise ConfigError(f"--resume {spec}: run {path} has no complete checkpoint", flag="--resume")
+        raise ConfigError(f"{flag} {spec}: run {path} has no complete checkpoint", flag=flag)
     tried = ", ".join(str(p) for p in candidates)
     raise ConfigError(
-        f"--resume {spec}: no such run or checkpoint (looked in {tried}); see `raytrain jobs checkpoints`",
-        flag="--resume",
+        f"{flag} {spec}: no such run or checkpoint (looked in {tried}); see `raytrain jobs checkpoints`",
+        flag=flag,
     )

@@ -70,7 +70,7 @@ def export(checkpoint, out, storage, as_json):
 
     CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint).
     """
-    ckpt = store.resolve_resume(checkpoint, storage or str(paths.default_storage()))
+    ckpt = store.resolve_resume(checkpoint, storage or str(paths.default_storage()), flag="CHECKPOINT")
     proc = subprocess.run(
         [sys.executable, "-m", "raytrain.runtime.export", ckpt.path, out], capture_output=True, text=True
     )

@@ -94,6 +94,17 @@ def ds_view(ds: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def ds_origins(opts: Options, ds: dict[str, Any], ds_path: str | None, source: str | None = None,
+               flag: str = "--ds-config") -> dict[str, Any]:
+    """The options ``opts`` leaves open that the DeepSpeed config fills: name -> batch.Origin (where the
+    value came from, for errors that blame the config and its key, not a flag the user never gave)."""
+    from raytrain.config.batch import Origin
+
+    where = source or f"--ds-config {ds_path}"
+    return {name: Origin(where, key, flag) for name, (_value, key) in ds_view(ds).items()
+            if getattr(opts, name) is None}
+
+
 def merge_under_flags(opts: Options, ds: dict[str, Any], ds_path: str | None, source: str | None = None) -> Options:
     """Fill unset options from the ds-config; a set option that disagrees with it is an error.
     ``source`` names where the config came from (default ``--ds-config PATH``)."""

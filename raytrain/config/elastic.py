@@ -9,7 +9,6 @@ real world size, by the worker runtime.
 from __future__ import annotations
 
 import copy
-import math
 import re
 from typing import Any
 
@@ -48,22 +47,6 @@ def accum_for(train_batch: int, micro: int, dp: int) -> int | None:
     if dp < 1 or train_batch % (micro * dp):
         return None
     return train_batch // (micro * dp)
-
-
-def batch_problem(train_batch: int, micro: int, lo: int, hi: int) -> str | None:
-    """Why some worker count in lo..hi cannot keep the global batch, with sizes that would work."""
-    bad = [n for n in range(lo, hi + 1) if accum_for(train_batch, micro, n) is None]
-    if not bad:
-        return None
-    step = math.lcm(*(micro * n for n in range(lo, hi + 1)))
-    suggestion = -(-train_batch // step) * step
-    good = [n for n in range(lo, hi + 1) if n not in bad]
-    return (
-        f"--workers {lo}-{hi}: the global batch {train_batch} (micro-batch {micro}) cannot be kept with "
-        f"{', '.join(map(str, bad))} worker(s) ({train_batch} is not divisible by micro-batch x workers). "
-        f"Use --train-batch {suggestion} (a multiple of {step}), or a range whose sizes all divide it"
-        + (f" (these do: {', '.join(map(str, good))})" if good else "")
-    )
 
 
 def rescale(ds: dict[str, Any], *, train_batch: int, dp: int) -> tuple[dict[str, Any], int]:

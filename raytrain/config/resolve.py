@@ -17,10 +17,10 @@ import dataclasses
 import re
 from pathlib import Path
 
-from raytrain.config.batch import batch_sizes
+from raytrain.config.batch import Sources, batch_sizes
 from raytrain.config.checks import check_int, check_number
-from raytrain.config.deepspeed import deepspeed_dict, load_ds_config, merge_under_flags
-from raytrain.config.elastic import batch_problem, check_elastic, max_failures_for, parse_workers
+from raytrain.config.deepspeed import deepspeed_dict, ds_origins, load_ds_config, merge_under_flags
+from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
 from raytrain.config.jobfile import JobFile, check_job_file
 from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options
 from raytrain.config.parallel import check_parallel, check_zero3_keys
@@ -36,13 +36,15 @@ IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux IFNAMSIZ - 1
 FILLED_FIRST = ("workers", "cpus_per_worker", "zero", "offload", "precision")
 
 
-def _with_ds_config(opts: Options, job: JobFile) -> tuple[Options, dict]:
-    """Options with the DeepSpeed config (--ds-config, or script mode's) merged under them, and that config."""
+def _with_ds_config(opts: Options, job: JobFile) -> tuple[Options, dict, Sources]:
+    """Options with the DeepSpeed config (--ds-config, or script mode's) merged under them, that config, and
+    which options it filled."""
     source, ds_flag = None, "--ds-config"
     if job.mode == "script":
         opts, source, ds_flag = script_mode_options(opts, job)
     ds = load_ds_config(opts.ds_config, flag=ds_flag)
-    return merge_under_flags(opts, ds, opts.ds_config, source), ds
+    sources = Sources(ds_origins(opts, ds, opts.ds_config, source, ds_flag))
+    return merge_under_flags(opts, ds, opts.ds_config, source), ds, sources
 
 
 def _devices(opts: Options) -> tuple[float, float]:
@@ -136,7 +138,7 @@ def _or_default(opts: Options, name: str):
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
     job = check_job_file(opts.job, script=opts.script)
-    opts, ds = _with_ds_config(opts, job)
+    opts, ds, sources = _with_ds_config(opts, job)
     filled = {k: DEFAULTS[k] for k in FILLED_FIRST}
     opts = opts.merged_over(Options(**filled, gpus_per_worker=1.0 if cluster_has_gpus else 0.0))
 
@@ -156,12 +158,8 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     check_zero3_keys(opts, workers=workers, use_gpu=use_gpu)
     check_elastic(min_workers, workers, mode=job.mode, tp=tp, pp=pp)
     dp = workers // (tp * pp)
-    micro, accum, total = batch_sizes(opts, dp)
+    micro, accum, total = batch_sizes(opts, dp, min_dp=min_workers // (tp * pp), sources=sources)
     opts = _grad_clip(opts, job)
-    if min_workers < workers:
-        problem = batch_problem(total, micro, min_workers, workers)
-        if problem:
-            raise ConfigError(problem, flag="--workers")
     deepspeed = deepspeed_dict(ds, opts, micro=micro, accum=accum, total=total, use_gpu=use_gpu, tp=tp)
     resources = {"CPU": cpus, **({"GPU": gpus} if use_gpu else {})}
     scaling = Scaling(

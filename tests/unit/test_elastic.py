@@ -3,7 +3,7 @@ import pytest
 
 from raytrain.capacity import Node, capacity_problem
 from raytrain.config import Options, resolve
-from raytrain.config.elastic import accum_for, batch_problem, parse_workers, rescale
+from raytrain.config.elastic import accum_for, parse_workers, rescale
 from raytrain.config.plan import Plan
 from raytrain.errors import ConfigError
 from tests.conftest import JOBS
@@ -45,7 +45,7 @@ def test_a_size_that_cannot_keep_the_batch_is_refused_with_a_batch_that_works():
     msg = str(err.value)
     assert err.value.flag == "--workers" and "3 worker(s)" in msg and "--train-batch 12" in msg
     assert plan(workers="2-4", train_batch=12).train_batch == 12
-    assert batch_problem(12, 1, 2, 4) is None and accum_for(12, 1, 3) == 4 and accum_for(12, 1, 5) is None
+    assert accum_for(12, 1, 3) == 4 and accum_for(12, 1, 5) is None
 
 
 def test_elastic_defaults_to_restarts_and_refuses_none():
