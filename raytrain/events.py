@@ -102,6 +102,13 @@ class JobFacts:
         elif kind in (ERROR, CAPACITY, INVALID):
             self.error = event
 
+    def warnings(self) -> list[str]:
+        """What the job's workers could not measure: a memory sampler that failed (its peaks stop there)."""
+        return [
+            f"memory sampler failed on rank {rank}: {m['sampler_error']} (memory peaks cover the samples before it)"
+            for rank, m in sorted(self.memory.items()) if m.get("sampler_error")
+        ]
+
     @property
     def last_metrics(self) -> dict | None:
         return self.metrics[-1] if self.metrics else None

@@ -94,6 +94,11 @@ class JobInfo:
     end_time: float | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     facts: JobFacts | None = None
+    problems: list[str] = field(default_factory=list)  # what could not be read (the job's log on Kubernetes)
+
+    def warnings(self) -> list[str]:
+        """What the status could not see or the job could not measure: shown by `jobs status`."""
+        return [*self.problems, *(self.facts.warnings() if self.facts else [])]
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -107,6 +112,7 @@ class JobInfo:
             "start_time": self.start_time,
             "end_time": self.end_time,
             "metadata": self.metadata,
+            "warnings": self.warnings(),
         }
         if self.facts is not None:
             out["restarts"] = self.facts.restarts

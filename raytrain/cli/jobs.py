@@ -119,6 +119,8 @@ def status(job_id, address, as_json, show_timings, **k8s):
         click.echo(f"restarts  {facts.restarts}")
     if facts and facts.resized:
         click.echo(f"resized   {describe_resize(facts.resized[-1])}")
+    for warning in info.warnings():
+        click.echo(f"warning   {warning}")
     if facts and facts.error:
         click.echo(f"error     {facts.error.get('type', '')} {facts.error.get('message', '')}".rstrip())
     elif info.message and info.state.terminal:

@@ -16,6 +16,7 @@ No Ray and no torch here; pass ``nvml`` (a pynvml-like object) and ``rss`` (a ca
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -96,6 +97,8 @@ class MemoryMonitor:
         self._latest: Sample | None = None
         self._peak: dict[str, float | int | None] = dict.fromkeys(_PEAK_FIELDS)
         self._count = 0
+        self._errors = 0  # failed samples
+        self.error: str | None = None  # the first failure, "Type: message"
         self.source = "cpu"
 
     # -- NVML --------------------------------------------------------------------------------------------
@@ -157,18 +160,31 @@ class MemoryMonitor:
                     self._peak[key] = value
         return s
 
+    def _sample_safely(self) -> None:
+        try:
+            self.sample()
+        except Exception as exc:  # a sampler must never take the training process down
+            self._failed(exc)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
-                self.sample()
-            except Exception:  # a sampler must never take the training process down
-                pass
+            self._sample_safely()
+
+    def _failed(self, exc: Exception) -> None:
+        """Record a failed sample; the first is logged (once) and kept in :meth:`peak` as ``error``."""
+        with self._lock:
+            self._errors += 1
+            if self.error is not None:
+                return
+            self.error = f"{type(exc).__name__}: {exc}"
+        print(f"raytrain: the memory sampler failed ({self.error}); memory readings may be incomplete",
+              file=sys.stderr, flush=True)
 
     def start(self) -> "MemoryMonitor":
         if self._thread is not None:
             return self
         self._open_gpu()
-        self.sample()
+        self._sample_safely()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="raytrain-monitor", daemon=True)
         self._thread.start()
@@ -180,7 +196,7 @@ class MemoryMonitor:
             self._stop.set()
             self._thread.join(timeout=max(5.0, 2 * self.interval))
             self._thread = None
-            self.sample()
+            self._sample_safely()
         self._close_gpu()
         return self.peak()
 
@@ -196,9 +212,11 @@ class MemoryMonitor:
             return self._latest
 
     def peak(self) -> dict:
-        """{"source", "samples", and the peak of each field: rss, gpu_memory_used, ..., power_w}."""
+        """{"source", "samples", "errors" (failed samples), "error" (the first, or None), and the peak of each
+        field: rss, gpu_memory_used, ..., power_w}."""
         with self._lock:
-            return {"source": self.source, "samples": self._count, **{f"{k}_peak": v for k, v in self._peak.items()}}
+            return {"source": self.source, "samples": self._count, "errors": self._errors, "error": self.error,
+                    **{f"{k}_peak": v for k, v in self._peak.items()}}
 
     def metrics(self) -> dict:
         """Flat numbers for a training report: GB and the peak so far (GPU fields only on GPU workers)."""

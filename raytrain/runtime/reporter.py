@@ -94,6 +94,7 @@ class Reporter:
             rss_peak=peak["rss_peak"],
             gpu_memory_peak=peak["gpu_memory_used_peak"],
             final=final,
+            **({"sampler_error": peak["error"], "sampler_errors": peak["errors"]} if peak.get("error") else {}),
         )
 
     def finish(self) -> None:

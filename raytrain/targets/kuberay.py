@@ -314,8 +314,9 @@ class RayJobTarget(Target):
             facts=facts,
         )
 
-    def _submitter_log(self, name: str) -> str:
-        """The log of KubeRay's submitter pod (it follows the Ray job's log); "" where there is none."""
+    def _submitter_log(self, name: str) -> tuple[str, str | None]:
+        """(the log of KubeRay's submitter pod (it follows the Ray job's log), why it could not be read). ""
+        and None where there is no such pod yet; "" and the cluster's error where reading it failed."""
         kube = self.conn.kube
         try:
             pods = kube.call(
@@ -326,37 +327,45 @@ class RayJobTarget(Target):
                 pods.get("items") or [], key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""
             )
             if not items:
-                return ""
+                return "", None
             pod = items[-1]["metadata"]["name"]
             resp = kube.call(
                 f"read the log of pod {pod}", kube.core.read_namespaced_pod_log, pod, self.namespace,
                 container=SUBMITTER_CONTAINER, raw=True,
             )
-        except (NotFound, ClusterError):
-            return ""  # no core API (or no permission to read pods): status still works
-        return resp if isinstance(resp, str) else ""
+        except NotFound:
+            return "", None  # the pod went away between listing and reading: no log yet
+        except ClusterError as exc:  # no permission to read pods, the API server failing: say so
+            return "", f"cannot read the job's log: {exc}"
+        return (resp if isinstance(resp, str) else ""), None
 
     def status(self, job_id: str, *, with_facts: bool = True) -> JobInfo:
         obj = self._get(job_id)
         if not with_facts:
             return self._info(obj, None)
-        log = self._submitter_log(job_id)
+        log, problem = self._submitter_log(job_id)
         # No log (no submitter pod yet, or pods cannot be read here): the RayJob's status alone decides.
-        return self._info(obj, JobFacts.from_lines(log.splitlines()), log_read=bool(log))
+        info = self._info(obj, JobFacts.from_lines(log.splitlines()), log_read=bool(log))
+        if problem:
+            info.problems.append(f"{problem} (the state is the RayJob's alone)")
+        return info
 
     def logs(self, job_id: str) -> str:
         self._get(job_id)
-        text = self._submitter_log(job_id)
+        text, problem = self._submitter_log(job_id)
+        if problem:
+            raise ClusterError(f"RayJob {job_id}: {problem}")
         if not text:
             return (
                 f"raytrain: no log for RayJob {job_id} yet: KubeRay's submitter pod (label job-name={job_id}) "
-                "has not written one, or pods cannot be read here\n"
+                "has not written one\n"
             )
         return text
 
     def follow(self, job_id: str, on_text: Callable[[str], None]) -> None:
-        """Status changes (one line each) and the submitter's log, until the RayJob ends."""
-        last, seen = None, 0
+        """Status changes (one line each) and the submitter's log, until the RayJob ends. A log that cannot
+        be read is said once (and again if it becomes readable and then fails again)."""
+        last, seen, said = None, 0, None
         while True:
             obj = self._get(job_id)
             status = obj.get("status") or {}
@@ -364,8 +373,11 @@ class RayJobTarget(Target):
             if line != last:
                 on_text(f"raytrain: RayJob {job_id}: {line}\n")
                 last = line
-            text = self._submitter_log(job_id)
-            if len(text) < seen:
+            text, problem = self._submitter_log(job_id)
+            if problem != said and problem:
+                on_text(f"raytrain: RayJob {job_id}: {problem}\n")
+            said = problem
+            if len(text) < seen and not problem:
                 seen = 0  # a new submitter pod (retry)
             if len(text) > seen:
                 on_text(text[seen:])

@@ -172,3 +172,45 @@ def test_monitor_imports_neither_ray_nor_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_failing_sampler_is_logged_once_and_said_in_the_jobs_status(capsys, monkeypatch):
+    """Every sample after the first raises: training goes on, stderr says it once, the memory event carries
+    the error and `jobs status` (JobFacts.warnings) shows it."""
+    from raytrain import events
+    from raytrain.runtime.reporter import Reporter
+
+    calls = []
+
+    def flaky_rss():
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError("statm unreadable")
+        return 100 * MB
+
+    monitor = MemoryMonitor(interval=0.01, gpu=False, rss=flaky_rss).start()
+    assert wait_for(lambda: monitor.peak()["errors"] >= 3)
+    peak = monitor.stop()
+    assert peak["error"] == "OSError: statm unreadable" and peak["rss_peak"] == 100 * MB
+    err = capsys.readouterr().err
+    assert err.count("the memory sampler failed") == 1 and "OSError: statm unreadable" in err
+
+    lines = []
+    monkeypatch.setattr(events, "emit", lambda kind, **data: lines.append(events.format_event(kind, **data)))
+    reporter = Reporter(rank=1, train_batch=4)
+    reporter.monitor = monitor
+    reporter.memory_event(final=True)
+    facts = events.JobFacts.from_lines(lines)
+    assert facts.memory[1]["sampler_error"] == "OSError: statm unreadable"
+    assert facts.warnings() == [
+        "memory sampler failed on rank 1: OSError: statm unreadable (memory peaks cover the samples before it)"
+    ]
+
+
+def test_a_sampler_failing_from_the_first_sample_does_not_stop_the_start():
+    def broken():
+        raise RuntimeError("no /proc")
+
+    monitor = MemoryMonitor(interval=0.01, gpu=False, rss=broken).start()
+    peak = monitor.stop()
+    assert peak["error"] == "RuntimeError: no /proc" and peak["rss_peak"] is None

@@ -42,7 +42,7 @@ def _target(monkeypatch, status: dict, log: str) -> RayJobTarget:
     target = RayJobTarget(_Conn(), profile=default_k8s_profile(), namespace="team")
     obj = {"metadata": {"name": "cnn-x"}, "spec": {"metadata": {"name": "cnn"}}, "status": status}
     monkeypatch.setattr(target, "_get", lambda job_id: obj)
-    monkeypatch.setattr(target, "_submitter_log", lambda job_id: log)
+    monkeypatch.setattr(target, "_submitter_log", lambda job_id: (log, None))
     return target
 
 
@@ -54,7 +54,51 @@ def test_a_kuberay_job_that_has_not_started_is_pending_like_a_ray_jobs_one(monke
 
 
 def test_a_kuberay_job_whose_log_cannot_be_read_keeps_the_rayjobs_state(monkeypatch):
-    target = _target(monkeypatch, RUNNING_RAYJOB, "")  # no submitter pod, or pods cannot be read here
+    target = _target(monkeypatch, RUNNING_RAYJOB, "")  # no submitter pod yet
     info = target.status("cnn-x")
     assert info.state is JobState.RUNNING and info.facts is not None
     assert target.status("cnn-x", with_facts=False).state is JobState.RUNNING
+
+
+class _Kube:
+    """The Kubernetes API as raytrain's client sees it, answering pod reads with ``error``."""
+
+    def __init__(self, error):
+        self.error = error
+        self.core = type("Core", (), {"list_namespaced_pod": "list", "read_namespaced_pod_log": "read"})()
+
+    def call(self, what, fn, *args, **kwargs):
+        if fn is self.core.list_namespaced_pod:
+            return {"items": [{"metadata": {"name": "cnn-x-submitter", "creationTimestamp": "t"}}]}
+        raise self.error
+
+
+def _unreadable(monkeypatch, error) -> RayJobTarget:
+    target = _target(monkeypatch, RUNNING_RAYJOB, "")
+    monkeypatch.undo()  # the real _submitter_log, over a client whose pod-log read fails
+    monkeypatch.setattr(target, "_get", lambda job_id: {"metadata": {"name": "cnn-x"}, "status": RUNNING_RAYJOB})
+    target.conn = type("Conn", (_Conn,), {"kube": _Kube(error)})()
+    return target
+
+
+def test_a_cluster_error_reading_the_log_is_said_not_shown_as_an_empty_log(monkeypatch):
+    from raytrain.errors import ClusterError
+
+    target = _unreadable(monkeypatch, ClusterError("read the log of pod cnn-x-submitter: HTTP 403 Forbidden"))
+    info = target.status("cnn-x")
+    assert info.state is JobState.RUNNING
+    assert info.warnings() == [
+        "cannot read the job's log: read the log of pod cnn-x-submitter: HTTP 403 Forbidden "
+        "(the state is the RayJob's alone)"
+    ]
+    assert info.to_dict()["warnings"] == info.warnings()
+    with pytest.raises(ClusterError, match="RayJob cnn-x: cannot read the job's log: .*403 Forbidden"):
+        target.logs("cnn-x")
+
+
+def test_a_submitter_pod_gone_between_list_and_read_is_no_log_yet(monkeypatch):
+    from raytrain.clusters.k8s_client import NotFound
+
+    target = _unreadable(monkeypatch, NotFound("read the log of pod cnn-x-submitter: not found"))
+    assert target.status("cnn-x").warnings() == []
+    assert target.logs("cnn-x").startswith("raytrain: no log for RayJob cnn-x yet")
