@@ -4,6 +4,8 @@ No pod can be reached here, so the tunnel itself is tested in tests/unit/test_k8
 local socket) and the Jobs-API half in tests/e2e/test_k8s_portforward.py (against the real local Ray cluster).
 """
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
@@ -77,7 +79,39 @@ def test_capacity_is_checked_against_the_raycluster_before_any_connection(cli, n
     assert r.exit_code == 2 and "room for 16 worker(s)" in r.output, r.output
 
 
-def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kubeconfig, kube, namespace, cli):
+class _Dashboard(BaseHTTPRequestHandler):
+    """What the far end of the tunnel answers: a Ray dashboard's version and an empty job list."""
+
+    paths: list = []
+
+    def do_GET(self):
+        _Dashboard.paths.append(self.path)
+        data = {"version": "4", "ray_version": "2.60.0", "ray_commit": "test"} if self.path == "/api/version" else []
+        body = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def far_end():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Dashboard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Dashboard.paths.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kubeconfig, kube, namespace, cli,
+                                                                             far_end):
+    """The forwarder is a stand-in (no pod to forward to here) that hands out the address of a small HTTP
+    server; the Jobs client raytrain builds afterwards must talk to that address, and only to it."""
     assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "tun").exit_code == 0
     opened = []
 
@@ -86,7 +120,7 @@ def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kube
             opened.append(request)
 
         def open(self):
-            return "http://127.0.0.1:18999"
+            return far_end
 
         def close(self):
             pass
@@ -94,9 +128,15 @@ def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kube
     target = RayClusterJobsTarget(KubeConnection(kubeconfig), ray_cluster="tun", namespace=namespace, forwarder=Stub)
     request = target.dry_run(resolve(Options(job=str(CNN), workers=2), cluster_has_gpus=True))
     assert request.address == f"http://tun-head-svc.{namespace}.svc:8265" and not opened  # dry run: no tunnel
-    assert target.open() == "http://127.0.0.1:18999"
-    assert target.open() == "http://127.0.0.1:18999" and len(opened) == 1  # opened once
+    assert not _Dashboard.paths
+    assert target.open() == far_end
+    assert target.open() == far_end and len(opened) == 1  # opened once
     assert opened[0].service == "tun-head-svc" and opened[0].remote_port == 8265
+
+    client = target.client  # Ray's JobSubmissionClient, built through the tunnel
+    assert client.get_address() == far_end
+    assert target.list() == []  # the job list came through the tunnel too
+    assert "/api/version" in _Dashboard.paths and any(p.startswith("/api/jobs") for p in _Dashboard.paths)
 
 
 def test_no_pods_api_is_one_line(kube, namespace, cli):

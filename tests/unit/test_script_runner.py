@@ -170,7 +170,11 @@ def test_a_plain_parser_gets_no_unknown_options(tmp_path, restored, capsys):
 
 @pytest.mark.parametrize("code", ["sys.exit(0)", "sys.exit()", "raise SystemExit(None)", "pass"])
 def test_a_clean_exit_is_success(tmp_path, restored, code):
-    run(tmp_path, f"import sys\n{code}\n")
+    """The script runs up to its exit, the exit is not raised out of run_script, and nothing after it runs."""
+    source = f"import sys\nopen('before', 'w').write('ran')\n{code}\nopen('after', 'w').write('ran')\n"
+    folder = run(tmp_path, source)  # returns: no SystemExit, no ScriptExit
+    assert (folder / "before").read_text() == "ran"
+    assert (folder / "after").exists() == (code == "pass")
 
 
 @pytest.mark.parametrize(
