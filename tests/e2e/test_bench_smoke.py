@@ -1,5 +1,5 @@
 """The overhead benchmark keeps working: bench/overhead.py --smoke on the suite's cluster (gpu_mfu's CPU
-path needs no Ray: tests/unit/test_bench_gpu_mfu.py).
+path needs no Ray: tests/bench/test_gpu_mfu_smoke.py).
 
 Benchmarks are not tests of speed: this checks that both sides run, that the JSON has its fields and that
 the figures are sane (steps parsed, ratios > 0, the two sides computed the same losses), not that they

@@ -1,4 +1,5 @@
-"""bench/gpu_mfu.py keeps working on its CPU path (one process, DeepSpeed on CPU, no Ray).
+"""bench/gpu_mfu.py keeps working on its CPU path (one process, DeepSpeed on CPU, no Ray; 1-3 minutes on 2
+cores, so not among the unit tests, and not among the e2e tests, which need the Ray cluster).
 
 Not a test of speed: the JSON has its fields and the figures are sane, not that they meet the goals.
 """
