@@ -51,5 +51,5 @@ if ! .venv/bin/python -m pip install -q "${torch_args[@]}"; then
   .venv/bin/python -m pip install -q "torch==$TORCH_VERSION"
 fi
 .venv/bin/python -m pip install -q -e '.[test]'
-build=$(.venv/bin/python -c 'import torch; print(torch.__version__, "(CUDA build, CUDA " + torch.version.cuda + ")" if torch.version.cuda else "(CPU build)")')
+build=$(.venv/bin/python -c 'import torch; print(torch.__version__, "(CUDA build, CUDA " + torch.version.cuda + ")" if torch.version.cuda else "(CPU build)")' 2>/dev/null)
 echo "raytrain installed in .venv: $(.venv/bin/raytrain --version); torch $build"
