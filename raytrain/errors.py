@@ -27,6 +27,12 @@ class ClusterError(RaytrainError):
     exit_code = 2
 
 
+class UnsafePath(RaytrainError):
+    """A folder raytrain would trust (shared /tmp) that another user could control."""
+
+    exit_code = 2
+
+
 class JobFailed(RaytrainError):
     """The submitted job ended FAILED or STOPPED."""
 

@@ -42,8 +42,7 @@ def temp_dir() -> Path:
 
 
 def prepare_temp_dir() -> Path:
-    path = temp_dir()
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = paths.private_dir(temp_dir())
     clear_stale_ray_state(path)
     return path
 

@@ -66,6 +66,14 @@ def needs_reshard(saved_world_size: int, *, world_size: int, zero: int) -> bool:
     return zero >= 1 and saved_world_size != world_size
 
 
+def universal_root() -> Path:
+    """This user's folder for converted checkpoints on this node: ``<tmp>/raytrain-universal-UID``, owner
+    and mode checked (a predictable shared-/tmp name holding a done-marker would otherwise be trusted)."""
+    from raytrain import paths
+
+    return paths.private_dir(Path(tempfile.gettempdir()) / f"raytrain-universal-{os.getuid()}")
+
+
 def to_universal(directory: str, tag: str, *, local_rank: int) -> str:
     """Convert ``directory``/``tag`` to a DeepSpeed universal checkpoint in this node's temp dir (local
     rank 0 converts, the other ranks wait at a barrier); returns the folder to load ``tag`` from."""
@@ -77,7 +85,7 @@ def to_universal(directory: str, tag: str, *, local_rank: int) -> str:
     import torch.distributed as dist
 
     key = hashlib.sha1(f"{Path(directory).resolve()}:{tag}".encode()).hexdigest()[:16]
-    out = Path(tempfile.gettempdir()) / f"raytrain-universal-{key}"
+    out = universal_root() / key
     done = out / ".raytrain-done"
     if local_rank == 0 and not done.exists():
         shutil.rmtree(out, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""Shared /tmp: raytrain's temp folders must be this user's own (owner, mode, no symlink) before use."""
+import os
+import stat
+import tempfile
+
+import pytest
+
+from raytrain import paths
+from raytrain.clusters import ray_process
+from raytrain.errors import UnsafePath
+from raytrain.runtime import checkpoint
+
+
+def _foreign(path, monkeypatch):
+    """Make ``path`` owned by another user: chown as root, else report another uid from os.lstat."""
+    if os.getuid() == 0:
+        os.chown(path, 65534, 65534)
+        return
+    real = os.lstat
+
+    def lstat(p, *a, **k):
+        info = real(p, *a, **k)
+        if os.path.abspath(p) != os.path.abspath(path):
+            return info
+        fields = list(info)
+        fields[stat.ST_UID] = os.getuid() + 1
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+
+def test_private_dir_created_owner_only(tmp_path):
+    made = paths.private_dir(tmp_path / "a" / "b")
+    assert made.is_dir() and stat.S_IMODE(os.lstat(made).st_mode) == 0o700
+    assert paths.private_dir(made) == made  # an existing own folder is accepted
+
+
+def test_private_dir_refuses_symlink_and_shared_modes(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(own)
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        paths.private_dir(link)
+    for mode in (0o777, 0o770, 0o722):
+        wide = tmp_path / f"wide{mode:o}"
+        wide.mkdir()
+        os.chmod(wide, mode)
+        with pytest.raises(UnsafePath, match="written by other users"):
+            paths.private_dir(wide)
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    with pytest.raises(UnsafePath, match="not a folder"):
+        paths.private_dir(afile)
+
+
+def test_foreign_ray_temp_dir_refused(tmp_path, monkeypatch):
+    foreign = tmp_path / "raytrain-1000"
+    foreign.mkdir(mode=0o700)
+    _foreign(foreign, monkeypatch)
+    monkeypatch.setenv("RAYTRAIN_RAY_TEMP_DIR", str(foreign))
+    with pytest.raises(UnsafePath, match="belongs to uid"):
+        ray_process.prepare_temp_dir()
+
+
+def test_universal_folder_is_private_and_owner_checked(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = checkpoint.universal_root()
+    assert root == tmp_path / f"raytrain-universal-{os.getuid()}"
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700
+    # a folder planted under the predictable name by someone else (done-marker and all) is refused
+    os.rmdir(root)
+    root.mkdir(mode=0o700)
+    (root / "x").mkdir()
+    (root / "x" / ".raytrain-done").write_text("1")
+    _foreign(root, monkeypatch)
+    with pytest.raises(UnsafePath, match="belongs to uid"):
+        checkpoint.universal_root()
