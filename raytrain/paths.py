@@ -44,7 +44,7 @@ def private_dir(path: str | os.PathLike) -> Path:
         problem = f"can be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
     if problem:
         raise UnsafePath(
-            f"{path} {problem}: another user could control what raytrain runs or reads there; remove it, or "
-            "point RAYTRAIN_RAY_TEMP_DIR at a folder of your own"
+            f"{path} {problem}: another user could control what raytrain runs or reads there; remove it "
+            f"(rm -rf {path}), or point RAYTRAIN_RAY_TEMP_DIR at a folder of your own"
         )
     return path

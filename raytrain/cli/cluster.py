@@ -46,13 +46,18 @@ def cluster():
 @click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
 @click.option("--port", type=int, help=f"GCS port (default {local_head.DEFAULT_PORT}).")
 @click.option("--dashboard-port", type=int, help=f"Default {local_head.DEFAULT_DASHBOARD_PORT}.")
-@click.option("--node-ip", help="This machine's address for Ray (other machines join via it). Default: loopback.")
+@click.option("--node-ip", help="This machine's address for Ray (other machines join via it). Default: every Ray "
+              "process (GCS, raylet, object manager, dashboard) listens on 127.0.0.1 only, unreachable from other "
+              "machines.")
 @click.option("--resources", "resources_json", help='Custom resources of this node as JSON: \'{"node_a": 1}\'.')
 @cluster_options
 @click.option("--dry-run", is_flag=True, help="k8s: print the RayCluster manifest (YAML); apply nothing.")
 @handle_errors
 def up(num_cpus, num_gpus, port, dashboard_port, node_ip, resources_json, dry_run, **flags):
-    """Start the local cluster (no-op if it runs); --k8s: create or update the RayCluster (server-side apply)."""
+    """Start the local cluster (no-op if it runs); --k8s: create or update the RayCluster (server-side apply).
+
+    The local cluster is single-node and bound to loopback (127.0.0.1) unless --node-ip is given; its ports
+    must be free, and each start makes a new auth token."""
     c = _cluster(flags, num_cpus=num_cpus, num_gpus=num_gpus, port=port, dashboard_port=dashboard_port,
                  node_ip=node_ip, resources=resources_json)
     click.echo(c.up(dry_run=dry_run), nl=False)

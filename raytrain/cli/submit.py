@@ -96,6 +96,9 @@ def _print_dry_run(request, as_json: bool) -> None:
     click.echo(f"job         {plan.job_file} {' '.join(plan.job_args)}")
     click.echo(f"mode        {plan.mode}")
     click.echo(f"entrypoint  {request.entrypoint}")
+    if request.upload:
+        u = request.upload
+        click.echo(f"upload      {u['folder']}: {u['files']} files, {u['size']}")
     click.echo(
         f"scaling     {plan.scaling.workers_label} worker(s) x {plan.scaling.resources_per_worker}"
         f"{' (GPU)' if plan.scaling.use_gpu else ' (CPU, gloo)'}"

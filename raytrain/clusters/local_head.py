@@ -16,13 +16,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raytrain import paths
-from raytrain.clusters import ray_process
+from raytrain.clusters import ports, ray_process
 from raytrain.clusters.dashboard import Dashboard, token_headers
 from raytrain.errors import ClusterError
 
 DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
 DEFAULT_DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_DASHBOARD_PORT", 8265))
 START_TIMEOUT_S = 90.0
+LOOPBACK = "127.0.0.1"
+# Ray 2.60 rewrites --node-ip-address=127.0.0.1 to the machine's network address; this setting (its switch
+# for single-machine Ray on macOS/Windows) makes every Ray process of the node use 127.0.0.1 instead.
+SINGLE_MACHINE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @dataclass
@@ -57,12 +61,16 @@ def _record_path() -> Path:
     return ray_process.record_path("head")
 
 
-def _token_path() -> Path:
+def _fresh_token() -> Path:
+    """A new token at every `cluster up` (written owner-only, then moved over the old one): a token that
+    leaked from an earlier cluster opens nothing later."""
     path = paths.home() / "auth_token"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
+    tmp = path.with_name(f".auth_token.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.replace(tmp, path)
     return path
 
 
@@ -97,10 +105,12 @@ def up(
             "`raytrain cluster down` first"
         )
     temp_dir = ray_process.prepare_temp_dir()
-    token_path = _token_path()
+    head = _head_command(port, dashboard_port, temp_dir)
+    ports.check_free(_ports_of(head))
+    token_path = _fresh_token()
     log_path = paths.home() / "cluster.log"
-    cmd = _head_command(port, dashboard_port, temp_dir) + ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
-    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
+    cmd = head + ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
+    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path, extra_env=_address_env(node_ip))
     cluster = LocalCluster(
         pid=proc.pid,
         dashboard_url=f"http://127.0.0.1:{dashboard_port}",
@@ -143,10 +153,44 @@ def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
     return cmd
 
 
+def _address_env(node_ip: str | None) -> dict[str, str]:
+    """Loopback unless --node-ip: GCS, raylet and object manager then advertise 127.0.0.1, not this machine's
+    network address (with --node-ip other machines can join: they must reach it)."""
+    return {} if node_ip else dict(SINGLE_MACHINE_ENV)
+
+
+def _ports_of(head_command: list[str]) -> dict[str, int]:
+    """The TCP ports ``ray start --head`` will listen on, by the flag that sets them."""
+    out = {}
+    for arg in head_command:
+        flag, _, value = arg.partition("=")
+        if flag in ("--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port"):
+            out[flag] = int(value)
+    return out
+
+
+def _confirm_own_dashboard(cluster: LocalCluster, proc, deadline: float) -> None:
+    """Wait until the dashboard port listens, then check the listener is a process of the ``ray start``
+    raytrain started (its own session) before the token is sent there."""
+    port = int(cluster.dashboard_url.rsplit(":", 1)[1])
+    while not ports.listening(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return  # _wait_until_up reports the exit or the timeout
+        time.sleep(0.3)
+    if ports.owned_by_session(port, proc.pid) is False:
+        ray_process.terminate(proc.pid)
+        raise ClusterError(
+            f"another process listens on the dashboard port {port}, not the Ray head raytrain started; "
+            "raytrain did not send it the cluster's token. Stop it, or choose another port with "
+            "--dashboard-port or RAYTRAIN_DASHBOARD_PORT"
+        )
+
+
 def _wait_until_up(cluster: LocalCluster, proc, timeout_s: float) -> None:
     """Until the dashboard answers, its Jobs API too, and it lists a node; stops the head on a timeout."""
     log_path = cluster.log_path
     deadline = time.monotonic() + timeout_s
+    _confirm_own_dashboard(cluster, proc, deadline)
     dashboard = cluster.dashboard()
     while True:
         if proc.poll() is not None:

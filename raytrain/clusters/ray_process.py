@@ -42,7 +42,11 @@ def temp_dir() -> Path:
 
 
 def prepare_temp_dir() -> Path:
-    path = paths.private_dir(temp_dir())
+    """Ray's temp dir: ``<temp_dir()>/r``. Ray makes the folder it is given writable by everyone (0777, for
+    several users on one machine); its parent is checked to be this user's own (paths.private_dir) and stays
+    0700, so no other user can reach Ray's sockets, logs or session files."""
+    path = paths.private_dir(temp_dir()) / "r"
+    path.mkdir(exist_ok=True, mode=0o700)
     clear_stale_ray_state(path)
     return path
 
@@ -100,12 +104,13 @@ def quiet_env() -> dict[str, str]:
     return {} if os.environ.get("RAYTRAIN_QUIET_HEAD", "1") == "0" else dict(QUIET_ENV)
 
 
-def spawn(args: list[str], *, token_path: Path, log_path: Path) -> subprocess.Popen:
+def spawn(args: list[str], *, token_path: Path, log_path: Path, extra_env: dict | None = None) -> subprocess.Popen:
     """``ray ARGS`` in its own session (so Ctrl-C in the shell does not reach it), output to ``log_path``,
     authenticating with the token in ``token_path``."""
     env: dict[str, Any] = {
         **quiet_env(),
         **os.environ,
+        **(extra_env or {}),
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token_path),
         "RAY_USAGE_STATS_ENABLED": "0",

@@ -32,6 +32,21 @@ SECRET_EXCLUDES = [
     ".aws",
     ".kube",
     "*.kubeconfig",
+    "kubeconfig",
+    "kubeconfig.*",
+    ".git-credentials",
+    ".docker",
+    ".gnupg",
+    ".pypirc",
+    ".npmrc",
+    ".azure",
+    "**/.config/gcloud",
+    "application_default_credentials.json",
+    "**/.cache/huggingface/token",
+    "**/.cache/huggingface/stored_tokens",
+    "**/.huggingface/token",
+    "*.tfstate",
+    "*.tfstate.*",
     ".venv",
     "venv",
     "__pycache__",
@@ -72,6 +87,7 @@ class Request:
     metadata: dict[str, str]
     entrypoint_num_cpus: float = 0
     plan: Plan | None = field(default=None, repr=False)
+    upload: dict[str, Any] | None = None  # the job folder's files this submit uploads: folder, files, bytes
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

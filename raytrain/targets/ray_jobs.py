@@ -13,6 +13,7 @@ from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, RaytrainError
 from raytrain.events import JobFacts
 from raytrain.status import JobInfo, state_of
+from raytrain.targets import upload
 from raytrain.targets.base import (
     RUNTIME_ENV_VARS,
     SECRET_EXCLUDES,
@@ -52,11 +53,13 @@ class RayJobsTarget(Target):
     def default_storage(self) -> str | None:
         return None  # Ray's default on the head node (~/ray_results)
 
-    def runtime_env(self, plan: Plan, run_name: str) -> dict:
-        env_vars = {**RUNTIME_ENV_VARS, **self.runtime_env_vars, **plan.env, "RAYTRAIN_PLAN": plan.to_json(), "RAYTRAIN_RUN_NAME": run_name}
+    def runtime_env(self, plan: Plan, run_name: str, shipped: upload.Upload | None = None) -> dict:
+        env_vars = {**RUNTIME_ENV_VARS, **self.runtime_env_vars, **plan.env, "RAYTRAIN_PLAN": plan.to_json(),
+                    "RAYTRAIN_RUN_NAME": run_name}
+        shipped = shipped or upload.scan(plan.job_dir, SECRET_EXCLUDES)
         runtime_env = {
             "working_dir": plan.job_dir,
-            "excludes": list(SECRET_EXCLUDES),
+            "excludes": shipped.excludes,
             "env_vars": env_vars,
         }
         if self.ship_raytrain:
@@ -67,13 +70,14 @@ class RayJobsTarget(Target):
     def dry_run(self, plan: Plan) -> Request:
         plan = with_default_storage(plan, self.default_storage())
         submission_id = new_submission_id(plan.name)
+        shipped = upload.scan(plan.job_dir, SECRET_EXCLUDES)
         return Request(
             target=self.kind,
             address=self.address,
             submission_id=submission_id,
             run_name=submission_id,
             entrypoint=f"{self.python} -m raytrain.runtime.driver",
-            runtime_env=self.runtime_env(plan, submission_id),
+            runtime_env=self.runtime_env(plan, submission_id, shipped),
             metadata={
                 METADATA_KEY: raytrain.__version__,
                 "name": plan.name,
@@ -83,6 +87,7 @@ class RayJobsTarget(Target):
                 "precision": plan.precision,
             },
             plan=plan,
+            upload=shipped.summary(),
         )
 
     # -- talking to the cluster -------------------------------------------------------------------

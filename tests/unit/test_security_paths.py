@@ -76,3 +76,13 @@ def test_universal_folder_is_private_and_owner_checked(tmp_path, monkeypatch):
     _foreign(root, monkeypatch)
     with pytest.raises(UnsafePath, match="belongs to uid"):
         checkpoint.universal_root()
+
+
+def test_ray_gets_a_subfolder_of_the_checked_one(tmp_path, monkeypatch):
+    """Ray chmods the temp dir it is given to 0777: it gets a subfolder, the checked parent stays 0700."""
+    base = tmp_path / "rt"
+    monkeypatch.setenv("RAYTRAIN_RAY_TEMP_DIR", str(base))
+    ray_dir = ray_process.prepare_temp_dir()
+    assert ray_dir.parent == base and stat.S_IMODE(os.lstat(base).st_mode) == 0o700
+    os.chmod(ray_dir, 0o777)  # what `ray start` does to it
+    assert ray_process.prepare_temp_dir() == ray_dir  # the next `cluster up` still accepts it

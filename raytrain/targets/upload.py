@@ -1,0 +1,141 @@
+"""What a submit uploads from the job's folder (Ray's ``working_dir``), checked before anything is sent.
+
+Ray zips the folder with ``excludes`` and the folder's own ``.gitignore`` files and follows symlinks. Here:
+the folder may not be ``$HOME`` or hold ``RAYTRAIN_HOME``; a symlink may not point outside it; the enclosing
+git repository's ignore rules (``git ls-files --ignored``) are added to the excludes; credentials are never
+shipped (SECRET_EXCLUDES); and the upload's file count and size are known (``--dry-run`` shows them) and
+capped at UPLOAD_LIMIT_BYTES, the largest files named when over.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raytrain import paths
+from raytrain.errors import ConfigError
+
+UPLOAD_LIMIT_BYTES = 100 * 2**20  # Ray's upload of a working_dir fails or crawls well before its 512 MiB cap
+GIT_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Upload:
+    """The files a submit ships from ``root`` and the excludes (gitignore-style) that leave the rest."""
+
+    root: str
+    excludes: list[str]
+    files: int = 0
+    bytes: int = 0
+    largest: list[tuple[int, str]] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"folder": self.root, "files": self.files, "bytes": self.bytes, "size": human(self.bytes)}
+
+
+def human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _matches(rel: str, patterns: list[str]) -> bool:
+    """gitignore-style, as far as SECRET_EXCLUDES and ``git ls-files`` output need: ``/a/b`` anchored,
+    ``**/a/b`` or a slash-less ``name`` at any depth, ``a/b`` anchored."""
+    parts = rel.split("/")
+    for pattern in patterns:
+        pattern = pattern.rstrip("/")
+        if pattern.startswith("/") or ("/" in pattern and not pattern.startswith("**/")):
+            anchored = pattern.lstrip("/").split("/")
+            if len(parts) >= len(anchored) and all(fnmatch.fnmatch(p, a) for p, a in zip(parts, anchored)):
+                return True
+            continue
+        tail = pattern[3:].split("/") if pattern.startswith("**/") else [pattern]
+        for i in range(len(parts) - len(tail) + 1):
+            if all(fnmatch.fnmatch(p, t) for p, t in zip(parts[i:], tail)):
+                return True
+    return False
+
+
+def git_ignored(folder: Path) -> list[str]:
+    """Anchored excludes for what the enclosing git repository ignores under ``folder`` (its .gitignore
+    files above the folder too, .git/info/exclude, the user's excludesFile); [] outside a repository."""
+    git = shutil.which("git")
+    if git is None:
+        return []
+    try:
+        proc = subprocess.run(
+            [git, "-C", str(folder), "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"],
+            capture_output=True, timeout=GIT_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:  # not a repository
+        return []
+    return ["/" + p.rstrip("/") for p in proc.stdout.decode(errors="replace").split("\0") if p]
+
+
+def check_folder(folder: Path) -> None:
+    """Refuse uploading the home folder, or a folder holding raytrain's own state (its auth token)."""
+    folder = folder.resolve()
+    if folder == Path.home().resolve():
+        raise ConfigError(
+            f"the job file's folder is your home folder ({folder}), which would be uploaded to the cluster "
+            "whole: put the job in a folder of its own", flag="JOB",
+        )
+    state = paths.home().resolve()
+    if state == folder or folder in state.parents:
+        raise ConfigError(
+            f"the job file's folder {folder} holds RAYTRAIN_HOME ({state}, with the cluster's auth token), "
+            "which would be uploaded with it: put the job in a folder of its own", flag="JOB",
+        )
+
+
+def scan(folder: str | Path, excludes: list[str], *, limit: int = UPLOAD_LIMIT_BYTES) -> Upload:
+    """What Ray would upload: refuses symlinks out of the folder and an upload over ``limit``."""
+    root = Path(folder).resolve()
+    check_folder(root)
+    upload = Upload(str(root), list(excludes) + git_ignored(root))
+    sizes: list[tuple[int, str]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        for name in list(dirnames) + filenames:
+            rel = rel_dir + name
+            full = Path(dirpath) / name
+            if _matches(rel, upload.excludes):
+                if name in dirnames:
+                    dirnames.remove(name)
+                continue
+            if full.is_symlink():
+                _check_link(root, full, rel)
+                if full.is_dir():  # Ray follows it: so does the count, inside the folder
+                    sizes += [(p.stat().st_size, f"{rel}/{p.relative_to(full)}") for p in full.rglob("*") if p.is_file()]
+                    continue
+            if name in filenames and full.is_file():
+                sizes.append((full.stat().st_size, rel))
+    upload.files = len(sizes)
+    upload.bytes = sum(s for s, _ in sizes)
+    upload.largest = sorted(sizes, reverse=True)[:5]
+    if upload.bytes > limit:
+        top = ", ".join(f"{rel} ({human(s)})" for s, rel in upload.largest)
+        raise ConfigError(
+            f"the job's folder {root} would upload {upload.files} files, {human(upload.bytes)}: over raytrain's "
+            f"{human(limit)} limit. Largest: {top}. Put data and checkpoints on --storage or in .gitignore",
+            flag="JOB",
+        )
+    return upload
+
+
+def _check_link(root: Path, link: Path, rel: str) -> None:
+    target = link.resolve()
+    if target != root and root not in target.parents:
+        raise ConfigError(
+            f"{rel} in the job's folder is a symlink to {os.readlink(link)}, outside the folder: Ray would "
+            "upload what it points to. Remove it, or add it to .gitignore", flag="JOB",
+        )
