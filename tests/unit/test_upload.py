@@ -1,0 +1,95 @@
+"""What a submit uploads from the job's folder: checked in the dry run, before anything is sent."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from raytrain.cli.main import main
+from raytrain.errors import ConfigError
+from raytrain.targets import upload
+from raytrain.targets.base import SECRET_EXCLUDES
+
+JOB = "def train(ctx):\n    pass\n"
+
+
+def job_folder(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "job.py").write_text(JOB)
+    return root
+
+
+def dry_run(job: Path, *extra):
+    return CliRunner().invoke(main, ["submit", str(job), "--workers", "1", "--dry-run", *extra])
+
+
+def test_a_symlink_out_of_the_job_folder_is_refused(raytrain_home, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("x")
+    folder = job_folder(tmp_path / "job")
+    (folder / "data").symlink_to(secret)
+    r = dry_run(folder / "job.py")
+    assert r.exit_code == 2 and "data in the job's folder is a symlink to" in r.output and "outside" in r.output
+    (folder / "data").unlink()
+    (folder / "inside").symlink_to(folder / "job.py")  # a link inside the folder is fine
+    assert dry_run(folder / "job.py").exit_code == 0
+
+
+def test_home_or_raytrain_home_as_the_job_folder_is_refused(tmp_path, monkeypatch):
+    home = job_folder(tmp_path / "home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RAYTRAIN_HOME", str(tmp_path / "state"))
+    r = dry_run(home / "job.py")
+    assert r.exit_code == 2 and "is your home folder" in r.output
+    folder = job_folder(tmp_path / "proj")
+    monkeypatch.setenv("RAYTRAIN_HOME", str(folder / ".raytrain"))
+    r = dry_run(folder / "job.py")
+    assert r.exit_code == 2 and "holds RAYTRAIN_HOME" in r.output
+
+
+def test_the_enclosing_repositorys_gitignore_is_honoured(raytrain_home, tmp_path):
+    repo = tmp_path / "repo"
+    folder = job_folder(repo / "jobs")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("*.ckpt\nscratch/\n")
+    (folder / "model.ckpt").write_bytes(b"0" * 1000)
+    (folder / "scratch").mkdir()
+    (folder / "scratch" / "big.bin").write_bytes(b"0" * 1000)
+    (folder / "keep.py").write_text("x = 1\n")
+    shipped = upload.scan(folder, SECRET_EXCLUDES)
+    assert "/model.ckpt" in shipped.excludes and "/scratch" in shipped.excludes
+    assert shipped.files == 2  # job.py, keep.py
+    r = dry_run(folder / "job.py", "--json")
+    out = json.loads(r.output)
+    assert "/model.ckpt" in out["runtime_env"]["excludes"]
+    assert out["upload"]["files"] == 2
+
+
+@pytest.mark.parametrize("rel", [
+    "kubeconfig", "prod.kubeconfig", ".git-credentials", ".docker/config.json", ".gnupg/pubring.kbx",
+    ".pypirc", ".npmrc", ".aws/credentials", ".config/gcloud/credentials.db", ".azure/msal_token_cache.json",
+    ".cache/huggingface/token", "sub/.cache/huggingface/token", "infra/terraform.tfstate", ".kube/config",
+    "id_rsa", ".env",
+])
+def test_credentials_are_never_uploaded(raytrain_home, tmp_path, rel):
+    folder = job_folder(tmp_path / "job")
+    path = folder / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("secret")
+    shipped = upload.scan(folder, SECRET_EXCLUDES)
+    assert shipped.files == 1, rel  # only job.py
+
+
+def test_dry_run_shows_the_upload_and_a_too_large_one_is_refused(raytrain_home, tmp_path, monkeypatch):
+    folder = job_folder(tmp_path / "job")
+    (folder / "a.bin").write_bytes(b"0" * 3000)
+    (folder / "b.bin").write_bytes(b"0" * 2000)
+    r = dry_run(folder / "job.py")
+    assert r.exit_code == 0 and f"upload      {folder}: 3 files, 4.9 KiB" in r.output
+    monkeypatch.setattr(upload, "UPLOAD_LIMIT_BYTES", 4000)
+    monkeypatch.setattr(upload.scan, "__kwdefaults__", {"limit": 4000})
+    r = dry_run(folder / "job.py")
+    assert r.exit_code == 2 and "over raytrain's 3.9 KiB limit" in r.output
+    assert r.output.index("a.bin (2.9 KiB)") < r.output.index("b.bin (2.0 KiB)")
