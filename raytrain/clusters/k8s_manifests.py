@@ -32,6 +32,82 @@ HEAD_PORTS = [
 ]
 SHM_VOLUME = "dshm"
 STORAGE_VOLUME = "raytrain-storage"
+# Ray's token auth: the token lives in a Secret raytrain creates (never in a manifest); every Ray container
+# and the RayJob submitter read it through secretKeyRef.
+CLUSTER_LABEL = "raytrain.io/cluster"  # on every pod of one raytrain RayCluster or RayJob (NetworkPolicy)
+AUTH_SECRET_KEY = "token"
+SUBMITTER_CONTAINER = "ray-job-submitter"  # the container of KubeRay's submitter Job (K8sJobMode)
+
+
+def auth_secret_name(owner: str) -> str:
+    """The Secret holding the Ray auth token of RayCluster (or RayJob) ``owner``."""
+    return f"{owner}-raytrain-auth"
+
+
+def network_policy_name(owner: str) -> str:
+    return f"{owner}-raytrain-head"
+
+
+def _auth_env(owner: str, *, optional: bool = False) -> list[dict[str, Any]]:
+    ref: dict[str, Any] = {"name": auth_secret_name(owner), "key": AUTH_SECRET_KEY}
+    if optional:
+        ref["optional"] = True
+    return [
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": ref}},
+    ]
+
+
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _pod_security(profile: K8sProfile) -> dict[str, Any]:
+    sec = profile.security
+    out: dict[str, Any] = {}
+    if sec.run_as_user is not None:
+        out["runAsUser"] = sec.run_as_user
+        out["runAsNonRoot"] = sec.run_as_user != 0
+    if sec.run_as_group is not None:
+        out["runAsGroup"] = sec.run_as_group
+    if sec.fs_group is not None:
+        out["fsGroup"] = sec.fs_group
+    return out
+
+
+def render_auth_secret(owner: str, namespace: str, profile: K8sProfile, token: str) -> dict[str, Any]:
+    """The Secret with the token: applied by raytrain, never printed (--dry-run shows only its name)."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": auth_secret_name(owner), "namespace": namespace,
+                     "labels": _labels(profile, **{CLUSTER_LABEL: owner})},
+        "stringData": {AUTH_SECRET_KEY: token},
+    }
+
+
+def render_network_policy(owner: str, namespace: str, profile: K8sProfile) -> dict[str, Any]:
+    """Only the pods of this cluster reach its head (GCS, dashboard, client ports); the KubeRay operator's
+    namespace reaches the dashboard port (it polls job status there). A port-forward is not affected."""
+    own = {"podSelector": {"matchLabels": {CLUSTER_LABEL: owner}}}
+    operator = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": profile.security.operator_namespace}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": network_policy_name(owner), "namespace": namespace,
+                     "labels": _labels(profile, **{CLUSTER_LABEL: owner})},
+        "spec": {
+            "podSelector": {"matchLabels": {CLUSTER_LABEL: owner, "ray.io/node-type": "head"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [own]},
+                {"from": [operator], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
+            ],
+        },
+    }
+
+
+def security_manifests(owner: str, namespace: str, profile: K8sProfile) -> list[dict[str, Any]]:
+    """What raytrain applies next to a RayCluster or RayJob besides the token Secret (printed by --dry-run)."""
+    return [render_network_policy(owner, namespace, profile)] if profile.security.network_policy else []
 
 
 def rayjob_name(job_name: str) -> str:
@@ -76,15 +152,20 @@ def _container_resources(group: PodGroup) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _pod_template(profile: K8sProfile, group: PodGroup, container_name: str, *, head: bool) -> dict[str, Any]:
+def _pod_template(
+    profile: K8sProfile, group: PodGroup, container_name: str, *, head: bool, owner: str = ""
+) -> dict[str, Any]:
+    """One Ray pod: ``owner`` (the RayCluster's or RayJob's name) labels it and names its auth Secret."""
     container: dict[str, Any] = {"name": container_name, "image": profile.image}
     if profile.image_pull_policy:
         container["imagePullPolicy"] = profile.image_pull_policy
     if head:
         container["ports"] = [dict(p) for p in HEAD_PORTS]
     container["resources"] = _container_resources(group)
-    if profile.env:
-        container["env"] = [{"name": k, "value": v} for k, v in profile.env.items()]
+    env = [{"name": k, "value": v} for k, v in profile.env.items()] + (_auth_env(owner) if owner else [])
+    if env:
+        container["env"] = env
+    container["securityContext"] = dict(CONTAINER_SECURITY)
     mounts, volumes = [], []
     if group.shm:
         # NCCL and PyTorch data loaders need more shared memory than a container's default 64 MiB.
@@ -98,6 +179,9 @@ def _pod_template(profile: K8sProfile, group: PodGroup, container_name: str, *, 
     spec: dict[str, Any] = {}
     if profile.service_account:
         spec["serviceAccountName"] = profile.service_account
+    spec["automountServiceAccountToken"] = profile.security.automount_service_account_token
+    if _pod_security(profile):
+        spec["securityContext"] = _pod_security(profile)
     if group.node_selector:
         spec["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
@@ -105,11 +189,12 @@ def _pod_template(profile: K8sProfile, group: PodGroup, container_name: str, *, 
     spec["containers"] = [container]
     if volumes:
         spec["volumes"] = volumes
-    return {"spec": spec}
+    return {"metadata": {"labels": {CLUSTER_LABEL: owner}}, "spec": spec} if owner else {"spec": spec}
 
 
-def render_raycluster_spec(profile: K8sProfile, *, worker_replicas: int | None = None) -> dict[str, Any]:
-    """The RayCluster spec: CPU head (no Ray work scheduled on it), one worker group, head Service ClusterIP."""
+def render_raycluster_spec(profile: K8sProfile, *, owner: str = "", worker_replicas: int | None = None) -> dict[str, Any]:
+    """The RayCluster spec: CPU head (no Ray work scheduled on it), one worker group, head Service ClusterIP;
+    token auth with the Secret of ``owner`` (the RayCluster, or the RayJob that brings its own cluster)."""
     w = profile.workers
     replicas = w.replicas if worker_replicas is None else worker_replicas
     head_params = {"dashboard-host": "0.0.0.0", "num-cpus": "0", **profile.head.ray_start_params}
@@ -120,7 +205,7 @@ def render_raycluster_spec(profile: K8sProfile, *, worker_replicas: int | None =
         "minReplicas": replicas if sized or w.min_replicas is None else w.min_replicas,
         "maxReplicas": replicas if sized or w.max_replicas is None else max(replicas, w.max_replicas),
         "rayStartParams": dict(w.ray_start_params),
-        "template": _pod_template(profile, w, "ray-worker", head=False),
+        "template": _pod_template(profile, w, "ray-worker", head=False, owner=owner),
     }
     return {
         "rayVersion": profile.ray_version,
@@ -129,7 +214,7 @@ def render_raycluster_spec(profile: K8sProfile, *, worker_replicas: int | None =
             # The dashboard (Jobs API) stays inside the cluster: reach it with a port-forward.
             "serviceType": "ClusterIP",
             "rayStartParams": head_params,
-            "template": _pod_template(profile, profile.head, "ray-head", head=True),
+            "template": _pod_template(profile, profile.head, "ray-head", head=True, owner=owner),
         },
         "workerGroupSpecs": [worker_group],
     }
@@ -141,7 +226,8 @@ def render_raycluster(profile: K8sProfile, name: str, namespace: str) -> dict[st
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": _labels(profile)}
     if profile.storage.path:
         metadata["annotations"] = {STORAGE_ANNOTATION: profile.storage.path}
-    return {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": render_raycluster_spec(profile)}
+    spec = render_raycluster_spec(profile, owner=name)
+    return {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": spec}
 
 
 # -- capacity as Ray will see it ------------------------------------------------------------------------
@@ -230,7 +316,9 @@ def render_rayjob(
         spec["shutdownAfterJobFinishes"] = bool(profile.rayjob.shutdown_after_job_finishes)
         if spec["shutdownAfterJobFinishes"]:
             spec["ttlSecondsAfterFinished"] = profile.rayjob.ttl_seconds_after_finished
-        spec["rayClusterSpec"] = render_raycluster_spec(profile, worker_replicas=worker_replicas)
+        spec["rayClusterSpec"] = render_raycluster_spec(profile, owner=name, worker_replicas=worker_replicas)
+    # A RayCluster made by raytrain has a token Secret; one made otherwise may not (then no token is sent).
+    spec["submitterPodTemplate"] = _submitter_template(profile, cluster or name, optional=bool(cluster))
     return {
         "apiVersion": API_VERSION,
         "kind": "RayJob",
@@ -241,6 +329,23 @@ def render_rayjob(
         },
         "spec": spec,
     }
+
+
+def _submitter_template(profile: K8sProfile, owner: str, *, optional: bool) -> dict[str, Any]:
+    """KubeRay's submitter pod (it runs `ray job submit`; KubeRay fills in the command) with the token."""
+    amounts = {"cpu": "1", "memory": "1Gi"}  # KubeRay's own default for the submitter
+    container = {
+        "name": SUBMITTER_CONTAINER, "image": profile.image, "env": _auth_env(owner, optional=optional),
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        "securityContext": dict(CONTAINER_SECURITY),
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "containers": [container],
+        "automountServiceAccountToken": profile.security.automount_service_account_token,
+    }
+    if _pod_security(profile):
+        spec["securityContext"] = _pod_security(profile)
+    return {"metadata": {"labels": {CLUSTER_LABEL: owner}}, "spec": spec}
 
 
 def _label_value(text: str) -> str:

@@ -80,6 +80,18 @@ class RayJobDefaults:
 
 
 @dataclass
+class Security:
+    """What the Ray pods may do. The defaults fit rayproject/ray images (user ``ray``, uid 1000, gid 100)."""
+
+    run_as_user: int | None = 1000  # None: the image's user (then runAsNonRoot is not set)
+    run_as_group: int | None = 100
+    fs_group: int | None = 100  # volumes (the checkpoint PVC) writable by the pods' group
+    automount_service_account_token: bool = False  # true where the pods call the Kubernetes API themselves
+    network_policy: bool = True  # admit only the cluster's own pods (and the operator) to the head
+    operator_namespace: str = "kuberay-system"  # the KubeRay operator's namespace (it polls the head's dashboard)
+
+
+@dataclass
 class K8sProfile:
     """``kind: kuberay``: a RayCluster with a CPU head and one (GPU) worker group."""
 
@@ -97,6 +109,7 @@ class K8sProfile:
     )
     storage: Storage = field(default_factory=Storage)
     rayjob: RayJobDefaults = field(default_factory=RayJobDefaults)
+    security: Security = field(default_factory=Security)
     kind: str = "kuberay"
 
 
@@ -207,10 +220,23 @@ def check_k8s_profile(profile: K8sProfile, path: str = "<built-in>") -> K8sProfi
         rj.runtime_env = {}
     if not isinstance(rj.runtime_env, dict):
         raise _fail(path, "rayjob.runtime-env must be a mapping (a Ray runtime_env)")
+    _check_security(profile.security, path)
     return profile
 
 
-_K8S_NESTED = {"head": PodGroup, "workers": WorkerGroup, "storage": Storage, "rayjob": RayJobDefaults}
+_K8S_NESTED = {
+    "head": PodGroup, "workers": WorkerGroup, "storage": Storage, "rayjob": RayJobDefaults, "security": Security,
+}
+
+
+def _check_security(sec: Security, path: str) -> None:
+    for key in ("run_as_user", "run_as_group", "fs_group"):
+        if getattr(sec, key) is not None:
+            _int(path, f"security.{key.replace('_', '-')}", getattr(sec, key), 0)
+    for key in ("automount_service_account_token", "network_policy"):
+        if not isinstance(getattr(sec, key), bool):
+            raise _fail(path, f"security.{key.replace('_', '-')} {getattr(sec, key)!r}: must be true or false")
+    check_namespace(sec.operator_namespace, flag="--profile", what=f"--profile {path}: security.operator-namespace")
 
 
 def parse_cluster_profile(data: Any, path: str = "<profile>") -> LocalProfile | K8sProfile:

@@ -8,11 +8,14 @@ from typing import Any
 from raytrain.capacity import Node
 from raytrain.clusters.base import Cluster
 from raytrain.clusters.k8s_client import KubeConnection, RayObjects
+from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_manifests import (
     DASHBOARD_PORT,
     STORAGE_ANNOTATION,
+    auth_secret_name,
     nodes_from_spec,
     render_raycluster,
+    security_manifests,
     to_yaml,
 )
 from raytrain.clusters.k8s_names import check_name
@@ -25,6 +28,11 @@ class ApplyResult:
     manifest: dict[str, Any]
     obj: dict[str, Any]
     action: str  # created | updated | unchanged
+
+
+def secret_note(owner: str) -> str:
+    return (f"# raytrain also creates Secret {auth_secret_name(owner)} with a fresh Ray auth token (not shown: "
+            "pods read it through secretKeyRef)\n")
 
 
 def head_service_name(cluster: str) -> str:
@@ -160,8 +168,12 @@ class KubeRayCluster(Cluster):
         clusters, name, profile = self.clusters, self.name, self.profile
         manifest = clusters.render(profile, name)
         if dry_run:
-            return to_yaml([manifest])
+            return secret_note(name) + to_yaml([manifest, *security_manifests(name, clusters.namespace, profile)])
+        guard = ClusterGuard(self.conn.kube, clusters.namespace)
+        guarded = guard.ensure(name, profile)
         result = clusters.apply(manifest)
+        if guarded:
+            guard.adopt(name, result.obj)
         w = profile.workers
         gpu = f", {w.gpu} GPU" if w.gpu else ""
         ns = f" --namespace {clusters.namespace}"
@@ -178,5 +190,6 @@ class KubeRayCluster(Cluster):
     def down(self) -> str:
         clusters, name = self.clusters, self.name
         if clusters.delete(name):
+            ClusterGuard(self.conn.kube, clusters.namespace).delete(name)  # also owned by it: no wait for GC
             return f"RayCluster {clusters.namespace}/{name} deleted (KubeRay removes its pods)\n"
         return f"no RayCluster {name!r} in namespace {clusters.namespace}\n"

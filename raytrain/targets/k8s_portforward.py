@@ -11,6 +11,7 @@ from typing import Callable
 
 from raytrain.capacity import Node
 from raytrain.clusters.dashboard import user_token
+from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_client import KubeConnection
 from raytrain.clusters.k8s_manifests import STORAGE_ANNOTATION, nodes_from_spec
 from raytrain.clusters.k8s_names import check_name
@@ -89,8 +90,15 @@ class RayClusterJobsTarget(RayJobsTarget):
             forwarder = self._forwarder_factory(self.port_forward_request())
             local = forwarder.open()
             self._forwarder = forwarder
-            self._connect(local, self._token)
+            self._connect(local, self.token())
         return self.address
+
+    def token(self) -> str | None:
+        """The token the Jobs client sends through the tunnel: RAY_AUTH_TOKEN(_PATH) if given, else the one
+        in the RayCluster's Secret (raytrain made it at `cluster up`; reading it needs `get` on secrets)."""
+        if self._token is None:
+            self._token = ClusterGuard(self.conn.kube, self.namespace).read_token(self.ray_cluster)
+        return self._token
 
     def close(self) -> None:
         if self._forwarder is not None:

@@ -15,10 +15,14 @@ from typing import Any, Callable
 
 import raytrain
 from raytrain.capacity import Node
+from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects
 from raytrain.clusters.k8s_manifests import (
     MANAGED_BY,
     STORAGE_ANNOTATION,
+    SUBMITTER_CONTAINER,
+    auth_secret_name,
+    security_manifests,
     nodes_from_spec,
     rayjob_name,
     render_raycluster_spec,
@@ -35,7 +39,6 @@ from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, STOP_WAIT_S
 from raytrain.targets.ray_jobs import with_default_storage
 
 ENTRYPOINT_MODULE = "raytrain.runtime.driver"
-SUBMITTER_CONTAINER = "ray-job-submitter"  # the container of KubeRay's submitter Job (K8sJobMode)
 DEFAULT_POLL_S = 2.0  # $RAYTRAIN_K8S_POLL_S overrides: how often `follow` reads the RayJob
 
 
@@ -53,7 +56,12 @@ class K8sRequest(Request):
         from raytrain.clusters.k8s_manifests import to_yaml
 
         if not self.port_forward:
-            return to_yaml(self.manifests)
+            spec = self.manifests[0].get("spec") or {} if self.manifests else {}
+            note = "" if spec.get("clusterSelector") or not self.manifests else (
+                f"# raytrain also creates Secret {auth_secret_name(self.manifests[0]['metadata']['name'])} with a "
+                "fresh Ray auth token (not shown: pods read it through secretKeyRef)\n"
+            )
+            return note + to_yaml(self.manifests)
         pf = self.port_forward
         kubectl = f"kubectl port-forward -n {pf['namespace']} svc/{pf['service']} :{pf['remote_port']}"
         doc = {
@@ -257,7 +265,7 @@ class RayJobTarget(Target):
             metadata=metadata,
             plan=plan,
             namespace=self.namespace,
-            manifests=[manifest],
+            manifests=[manifest, *([] if self.ray_cluster else security_manifests(name, self.namespace, self.profile))],
         )
 
     # -- talking to the API server ----------------------------------------------------------------------
@@ -278,7 +286,13 @@ class RayJobTarget(Target):
             )
         if self.ray_cluster:
             self._existing_cluster()  # one clear line if the RayCluster is gone
-        rayjobs.apply(manifest, force=False)
+            rayjobs.apply(manifest, force=False)
+        else:  # its own cluster: its own token Secret and NetworkPolicy, deleted with the RayJob
+            guard = ClusterGuard(self.conn.kube, request.namespace)
+            guarded = guard.ensure(name, self.profile)
+            obj = rayjobs.apply(manifest, force=False)
+            if guarded:
+                guard.adopt(name, obj)
         return JobHandle(self.kind, request.address, name, request.metadata.get("name", ""))
 
     def _get(self, job_id: str) -> dict:

@@ -62,7 +62,7 @@ def test_cluster_up_twice_is_idempotent_and_a_changed_profile_updates(cli, names
 def test_dry_run_prints_what_up_applies_and_applies_nothing(cli, namespace, rayclusters):
     r = cli("cluster", "up", "--k8s", "--profile", EXAMPLE, "--namespace", namespace, "--name", "dry", "--dry-run")
     assert r.exit_code == 0, r.output
-    printed = yaml.safe_load(r.output)
+    printed = next(yaml.safe_load_all(r.output))
     assert rayclusters.get("dry") is None
     assert cli("cluster", "up", "--k8s", "--profile", EXAMPLE, "--namespace", namespace, "--name", "dry").exit_code == 0
     obj = rayclusters.get("dry")
@@ -105,7 +105,9 @@ def test_the_shipped_manifests_pass_the_servers_schema(kube, namespace):
     from raytrain.clusters.k8s_client import RayObjects
 
     for path, plural in ((ROOT / "k8s" / "raycluster.yaml", "rayclusters"), (ROOT / "k8s" / "rayjob.yaml", "rayjobs")):
-        doc = yaml.safe_load(path.read_text())
+        docs = list(yaml.safe_load_all(path.read_text()))
+        assert [d["kind"] for d in docs[1:]] == ["NetworkPolicy"]  # the loopback server serves no core API
+        doc = docs[0]
         doc["metadata"]["namespace"] = namespace
         obj = RayObjects(kube, plural, namespace).apply(doc)
         assert obj["spec"] == doc["spec"]

@@ -38,7 +38,7 @@ def test_dry_run_manifest_is_exactly_what_submit_creates(cli, namespace, rayjobs
     job_args = ("--", "--steps", "5")
     dry = cli(*args, "--dry-run", *job_args)
     assert dry.exit_code == 0, dry.output
-    manifest = yaml.safe_load(dry.output)
+    manifest = next(yaml.safe_load_all(dry.output))
     assert rayjobs.list() == []  # a dry run creates nothing
 
     r = cli(*args, "--no-wait", *job_args)

@@ -14,6 +14,7 @@ from raytrain.status import JobState
 from raytrain.clusters.profiles import K8sProfile, LocalProfile, load_cluster_profile, parse_cluster_profile
 from raytrain.clusters.k8s_names import check_name
 from raytrain.clusters.k8s_manifests import (
+    security_manifests,
     nodes_from_spec,
     rayjob_name,
     render_raycluster,
@@ -43,8 +44,11 @@ def test_shipped_profiles_load():
 
 def test_k8s_raycluster_yaml_is_what_the_example_profile_renders():
     profile = load_cluster_profile(EXAMPLE)
-    shipped = yaml.safe_load((ROOT / "k8s" / "raycluster.yaml").read_text())
-    assert shipped == render_raycluster(profile, profile.name, profile.namespace)
+    shipped = list(yaml.safe_load_all((ROOT / "k8s" / "raycluster.yaml").read_text()))
+    assert shipped == [
+        render_raycluster(profile, profile.name, profile.namespace),
+        *security_manifests(profile.name, profile.namespace, profile),
+    ]
 
 
 def test_profile_keys_in_any_case_and_defaults_kept():
@@ -135,7 +139,8 @@ def test_rayjob_dry_run_needs_no_cluster_when_the_namespace_is_given(raytrain_ho
     r = run("submit", CNN, "--k8s", "--rayjob", "-n", "team", "--working-dir", "/app", "--workers", "2",
             "--gpus-per-worker", "0", "--dry-run", env=env)
     assert r.exit_code == 0, r.output
-    doc = yaml.safe_load(r.output)
+    doc, policy = yaml.safe_load_all(r.output)
+    assert policy["kind"] == "NetworkPolicy" and "secretKeyRef" not in r.output.split("---")[1]
     assert doc["kind"] == "RayJob" and doc["metadata"]["namespace"] == "team"
     assert doc["metadata"]["name"].startswith("cnn-") and doc["spec"]["jobId"] == doc["metadata"]["name"]
     out = json.loads(run("submit", CNN, "--k8s", "--rayjob", "-n", "team", "--working-dir", "/app",

@@ -1,0 +1,197 @@
+"""Kubernetes: Ray token auth from a Secret raytrain makes, a NetworkPolicy in front of the head, pods
+without privileges, and raytrain's own client sending the token through the port-forward.
+
+The shared loopback API server serves no core API (no Secrets, no NetworkPolicies), so ClusterGuard's
+calls are checked here against a small in-memory stand-in for the two core endpoints it uses."""
+import base64
+import http.server
+import json
+import threading
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from raytrain.cli.main import main
+from raytrain.clusters.k8s_auth import ClusterGuard
+from raytrain.clusters.k8s_client import KubeConnection, NotFound
+from raytrain.clusters.k8s_manifests import render_raycluster, render_rayjob, security_manifests
+from raytrain.clusters.profiles import default_k8s_profile, parse_cluster_profile
+from raytrain.targets.k8s_portforward import RayClusterJobsTarget
+from tests.conftest import JOBS, ROOT
+
+EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
+
+
+def pods(manifest):
+    spec = manifest["spec"].get("rayClusterSpec") or manifest["spec"]
+    return [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]
+
+
+def env_of(template):
+    return {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+
+
+def test_raycluster_pods_use_token_auth_from_the_secret_and_run_unprivileged():
+    rc = render_raycluster(default_k8s_profile(), "c1", "ns")
+    for t in pods(rc):
+        env = env_of(t)
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"] == {
+            "name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "c1-raytrain-auth", "key": "token"}}}
+        assert t["metadata"]["labels"]["raytrain.io/cluster"] == "c1"
+        spec = t["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
+        c = spec["containers"][0]["securityContext"]
+        assert c["allowPrivilegeEscalation"] is False and c["capabilities"]["drop"] == ["ALL"]
+
+
+def test_profile_security_keys():
+    p = parse_cluster_profile({"kind": "kuberay", "service-account": "sa",
+                               "security": {"automount-service-account-token": True, "run-as-user": None}})
+    t = pods(render_raycluster(p, "c1", "ns"))[0]["spec"]
+    assert t["automountServiceAccountToken"] is True and "runAsNonRoot" not in t["securityContext"]
+    with pytest.raises(Exception, match="security.network-policy 'yes': must be true or false"):
+        parse_cluster_profile({"kind": "kuberay", "security": {"network-policy": "yes"}})
+
+
+def test_network_policy_admits_only_the_clusters_pods_and_the_operator_to_the_dashboard():
+    [policy] = security_manifests("c1", "ns", default_k8s_profile())
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == {"raytrain.io/cluster": "c1", "ray.io/node-type": "head"}
+    assert spec["policyTypes"] == ["Ingress"]
+    own, operator = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"raytrain.io/cluster": "c1"}}}]}
+    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+    assert operator["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kuberay-system"}
+
+
+def test_rayjob_submitter_gets_the_token():
+    p = default_k8s_profile()
+    own = render_rayjob(name="j1", namespace="ns", entrypoint="x", runtime_env={}, metadata={}, profile=p,
+                        cluster=None, worker_replicas=1)
+    sub = own["spec"]["submitterPodTemplate"]
+    assert env_of(sub)["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "j1-raytrain-auth", "key": "token"}
+    assert sub["metadata"]["labels"]["raytrain.io/cluster"] == "j1"  # admitted by the head's NetworkPolicy
+    assert all(env_of(t)["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "j1-raytrain-auth" for t in pods(own))
+    on = render_rayjob(name="j2", namespace="ns", entrypoint="x", runtime_env={}, metadata={}, profile=p,
+                       cluster="c1", worker_replicas=0)
+    ref = env_of(on["spec"]["submitterPodTemplate"])["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "c1-raytrain-auth", "key": "token", "optional": True}
+
+
+def test_dry_runs_show_no_token_and_no_secret(raytrain_home, tmp_path):
+    env = {"KUBECONFIG": str(tmp_path / "none")}
+    for args in (["cluster", "up", "--k8s", "--profile", str(EXAMPLE), "--dry-run"],
+                 ["submit", str(JOBS / "cnn.py"), "--k8s", "--rayjob", "-n", "t", "--working-dir", "/app",
+                  "--workers", "2", "--gpus-per-worker", "0", "--dry-run"]):
+        r = CliRunner().invoke(main, args, env=env)
+        assert r.exit_code == 0, r.output
+        kinds = [d["kind"] for d in yaml.safe_load_all(r.output)]
+        assert "Secret" not in kinds and "NetworkPolicy" in kinds
+        assert "stringData" not in r.output and "raytrain-auth (not shown" not in r.output
+        assert "creates Secret" in r.output and "secretKeyRef" in r.output
+
+
+class FakeCore:
+    """The core endpoints ClusterGuard calls, in memory (the loopback API server serves none)."""
+
+    def __init__(self):
+        self.secrets, self.policies, self.patches = {}, {}, []
+
+    def get_api_resources(self, **_):
+        return {"resources": [{"name": "secrets"}]}
+
+    def read_namespaced_secret(self, name, ns, **_):
+        if name not in self.secrets:
+            raise NotFound(name)
+        data = self.secrets[name]["stringData"]
+        return {"data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+
+    def create_namespaced_secret(self, ns, body, **_):
+        self.secrets[body["metadata"]["name"]] = body
+        return body
+
+    def patch_namespaced_secret(self, name, ns, body, **_):
+        self.patches.append(("Secret", name, body))
+        return {}
+
+    def patch_namespaced_network_policy(self, name, ns, body, **kw):
+        if kw.get("_content_type") == "application/apply-patch+yaml":
+            self.policies[name] = body
+        else:
+            self.patches.append(("NetworkPolicy", name, body))
+        return body
+
+
+class FakeKube:
+    def __init__(self):
+        self.core = FakeCore()
+
+    def call(self, what, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+
+@pytest.fixture
+def guard(monkeypatch):
+    kube = FakeKube()
+    monkeypatch.setattr(ClusterGuard, "networking", property(lambda self: kube.core))
+    return ClusterGuard(kube, "ns"), kube.core
+
+
+def test_guard_creates_one_fresh_token_and_keeps_it(guard):
+    g, core = guard
+    assert g.ensure("c1", default_k8s_profile()) is True
+    token = g.read_token("c1")
+    assert len(token) == 64 and core.secrets["c1-raytrain-auth"]["stringData"] == {"token": token}
+    assert "c1-raytrain-head" in core.policies
+    g.ensure("c1", default_k8s_profile())  # `cluster up` again: running pods keep their token
+    assert g.read_token("c1") == token
+    g.ensure("c2", default_k8s_profile())
+    assert g.read_token("c2") != token
+    g.adopt("c1", {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "c1", "uid": "u1"}})
+    refs = {(kind, name): body["metadata"]["ownerReferences"][0]["uid"] for kind, name, body in core.patches}
+    assert refs == {("Secret", "c1-raytrain-auth"): "u1", ("NetworkPolicy", "c1-raytrain-head"): "u1"}
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    seen = []
+
+    def do_GET(self):
+        Recorder.seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"ray_version": "2.60.0"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_the_jobs_client_sends_the_clusters_token_through_the_tunnel(guard, monkeypatch):
+    g, core = guard
+    g.ensure("c1", default_k8s_profile())
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    server = http.server.HTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    class Forward:
+        def __init__(self, request):
+            pass
+
+        def open(self):
+            return f"http://127.0.0.1:{server.server_address[1]}"
+
+        def close(self):
+            pass
+
+    conn = KubeConnection(kube=g.kube)
+    target = RayClusterJobsTarget(conn, ray_cluster="c1", namespace="ns", forwarder=Forward)
+    target._raycluster = render_raycluster(default_k8s_profile(), "c1", "ns")
+    target.open()
+    target.dashboard.check_reachable()
+    server.shutdown()
+    assert Recorder.seen[-1] == f"Bearer {g.read_token('c1')}"
