@@ -1,6 +1,8 @@
 """`raytrain submit JOB.py [options] [-- JOB_ARGS...]`"""
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 
 import click
@@ -12,6 +14,7 @@ from raytrain.cli.options import options_from_flags, submit_options
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
 from raytrain.config.options import Options
 from raytrain.targets.factory import TargetOptions, make_target
+from raytrain.targets.base import MASK
 
 
 def _target_flags(target) -> str:
@@ -34,6 +37,9 @@ target_options = with_options(
                  help="k8s --rayjob: the job's folder as the cluster sees it (s3://..., https://....zip, /app)."),
     click.option("--submission-id", "k8s_submission_id", metavar="ID",
                  help="k8s --rayjob: the RayJob name; submitting the same id again never starts a second job."),
+    click.option("--env-from-secret", "k8s_env_from_secret", metavar="NAME=SECRET/KEY", multiple=True,
+                 help="k8s --rayjob: set NAME on every Ray pod from key KEY of Kubernetes Secret SECRET "
+                      "(secretKeyRef; the value is in no manifest). Repeatable."),
     k8s_connection_options,
 )
 
@@ -49,6 +55,7 @@ def target_options_from_flags(options: Options, flags: dict) -> TargetOptions:
         profile=flags.get("k8s_profile"),
         working_dir=flags.get("k8s_working_dir"),
         submission_id=flags.get("k8s_submission_id"),
+        env_from_secret=tuple(flags.get("k8s_env_from_secret") or ()),
         namespace=flags.get("k8s_namespace"),
         context=flags.get("k8s_context"),
         kubeconfig=flags.get("k8s_kubeconfig"),
@@ -81,8 +88,10 @@ def _dry_run_summary(request, plan) -> dict:
 
 
 def _print_dry_run(request, as_json: bool) -> None:
-    """The exact request: in the target's own format (Kubernetes manifests) where it has one."""
-    plan = request.plan
+    """The exact request: in the target's own format (Kubernetes manifests) where it has one. Shown, not
+    sent: the values of --env are masked (secrets on a shared screen or in CI logs)."""
+    request = request.masked()
+    plan = dataclasses.replace(request.plan, env={k: MASK for k in request.plan.env})
     if request.to_text() is not None:
         if as_json:
             print_json({**request.to_dict(), "deepspeed": plan.deepspeed, "plan": plan.to_dict()})

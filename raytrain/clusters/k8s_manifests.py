@@ -152,8 +152,15 @@ def _container_resources(group: PodGroup) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
+def _secret_env(secret_env: dict[str, tuple[str, str]] | None) -> list[dict[str, Any]]:
+    """``--env-from-secret``: {NAME: (SECRET, KEY)} as container env read from Secrets."""
+    return [{"name": n, "valueFrom": {"secretKeyRef": {"name": sec, "key": key}}}
+            for n, (sec, key) in (secret_env or {}).items()]
+
+
 def _pod_template(
-    profile: K8sProfile, group: PodGroup, container_name: str, *, head: bool, owner: str = ""
+    profile: K8sProfile, group: PodGroup, container_name: str, *, head: bool, owner: str = "",
+    secret_env: dict[str, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """One Ray pod: ``owner`` (the RayCluster's or RayJob's name) labels it and names its auth Secret."""
     container: dict[str, Any] = {"name": container_name, "image": profile.image}
@@ -162,7 +169,8 @@ def _pod_template(
     if head:
         container["ports"] = [dict(p) for p in HEAD_PORTS]
     container["resources"] = _container_resources(group)
-    env = [{"name": k, "value": v} for k, v in profile.env.items()] + (_auth_env(owner) if owner else [])
+    env = [{"name": k, "value": v} for k, v in profile.env.items()] + _secret_env(secret_env)
+    env += _auth_env(owner) if owner else []
     if env:
         container["env"] = env
     container["securityContext"] = dict(CONTAINER_SECURITY)
@@ -192,7 +200,10 @@ def _pod_template(
     return {"metadata": {"labels": {CLUSTER_LABEL: owner}}, "spec": spec} if owner else {"spec": spec}
 
 
-def render_raycluster_spec(profile: K8sProfile, *, owner: str = "", worker_replicas: int | None = None) -> dict[str, Any]:
+def render_raycluster_spec(
+    profile: K8sProfile, *, owner: str = "", worker_replicas: int | None = None,
+    secret_env: dict[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
     """The RayCluster spec: CPU head (no Ray work scheduled on it), one worker group, head Service ClusterIP;
     token auth with the Secret of ``owner`` (the RayCluster, or the RayJob that brings its own cluster)."""
     w = profile.workers
@@ -205,7 +216,7 @@ def render_raycluster_spec(profile: K8sProfile, *, owner: str = "", worker_repli
         "minReplicas": replicas if sized or w.min_replicas is None else w.min_replicas,
         "maxReplicas": replicas if sized or w.max_replicas is None else max(replicas, w.max_replicas),
         "rayStartParams": dict(w.ray_start_params),
-        "template": _pod_template(profile, w, "ray-worker", head=False, owner=owner),
+        "template": _pod_template(profile, w, "ray-worker", head=False, owner=owner, secret_env=secret_env),
     }
     return {
         "rayVersion": profile.ray_version,
@@ -214,7 +225,9 @@ def render_raycluster_spec(profile: K8sProfile, *, owner: str = "", worker_repli
             # The dashboard (Jobs API) stays inside the cluster: reach it with a port-forward.
             "serviceType": "ClusterIP",
             "rayStartParams": head_params,
-            "template": _pod_template(profile, profile.head, "ray-head", head=True, owner=owner),
+            "template": _pod_template(
+                profile, profile.head, "ray-head", head=True, owner=owner, secret_env=secret_env
+            ),
         },
         "workerGroupSpecs": [worker_group],
     }
@@ -292,8 +305,10 @@ def render_rayjob(
     profile: K8sProfile,
     cluster: str | None,
     worker_replicas: int,
+    secret_env: dict[str, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """A RayJob that runs ``entrypoint`` on the named RayCluster (clusterSelector) or on its own cluster."""
+    """A RayJob that runs ``entrypoint`` on the named RayCluster (clusterSelector) or on its own cluster
+    (whose pods get ``secret_env``, --env-from-secret)."""
     import yaml
 
     check_name("RayJob", name, flag="--submission-id")
@@ -316,7 +331,9 @@ def render_rayjob(
         spec["shutdownAfterJobFinishes"] = bool(profile.rayjob.shutdown_after_job_finishes)
         if spec["shutdownAfterJobFinishes"]:
             spec["ttlSecondsAfterFinished"] = profile.rayjob.ttl_seconds_after_finished
-        spec["rayClusterSpec"] = render_raycluster_spec(profile, owner=name, worker_replicas=worker_replicas)
+        spec["rayClusterSpec"] = render_raycluster_spec(
+            profile, owner=name, worker_replicas=worker_replicas, secret_env=secret_env
+        )
     # A RayCluster made by raytrain has a token Secret; one made otherwise may not (then no token is sent).
     spec["submitterPodTemplate"] = _submitter_template(profile, cluster or name, optional=bool(cluster))
     return {

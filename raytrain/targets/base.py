@@ -94,10 +94,38 @@ class Request:
         out.pop("plan")
         return out
 
+    def masked(self) -> "Request":
+        """This request as --dry-run shows it: the values of the job's --env replaced by MASK."""
+        import copy
+        import dataclasses as dc
+
+        keys = set((self.plan.env if self.plan else {}) or {})
+        runtime_env = mask_env(copy.deepcopy(self.runtime_env), keys)
+        return dc.replace(self, runtime_env=runtime_env)
+
     def to_text(self) -> str | None:
         """The request in its target's own format (Kubernetes manifests), as --dry-run prints it; None where
         raytrain's summary of the plan is the better view (a Ray Jobs API submission)."""
         return None
+
+
+MASK = "<hidden>"
+
+
+def mask_env(runtime_env: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """``runtime_env`` with the values of ``keys`` in its env_vars masked (in place; returned)."""
+    env_vars = runtime_env.get("env_vars") or {}
+    for key in keys & set(env_vars):
+        env_vars[key] = MASK
+    return runtime_env
+
+
+def shipped_plan(plan: Plan) -> str:
+    """RAYTRAIN_PLAN as the cluster gets it: --env values are masked (the workers get them as env vars, the
+    plan is shown on the dashboard and in the RayJob object)."""
+    import dataclasses as dc
+
+    return dc.replace(plan, env={k: MASK for k in plan.env}).to_json()
 
 
 @dataclass

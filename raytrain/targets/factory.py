@@ -16,6 +16,7 @@ K8S_FLAGS = {
     "rayjob": "--rayjob",
     "working_dir": "--working-dir",
     "submission_id": "--submission-id",
+    "env_from_secret": "--env-from-secret",
     "namespace": "--namespace",
     "context": "--context",
     "kubeconfig": "--kubeconfig",
@@ -33,6 +34,7 @@ class TargetOptions:
     profile: str | None = None  # k8s: cluster profile file (the RayJob's cluster, the namespace)
     working_dir: str | None = None  # k8s --rayjob: the job's folder as the cluster sees it
     submission_id: str | None = None  # k8s --rayjob: the RayJob's name
+    env_from_secret: tuple[str, ...] = ()  # k8s --rayjob: NAME=SECRET/KEY, the pods' env from a Secret
     namespace: str | None = None
     context: str | None = None
     kubeconfig: str | None = None
@@ -42,6 +44,23 @@ class TargetOptions:
         for name, flag in K8S_FLAGS.items():
             if getattr(self, name):
                 raise ConfigError(f"{flag} is a Kubernetes option: add --k8s", flag=flag)
+
+
+def parse_env_from_secret(pairs: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """``--env-from-secret NAME=SECRET/KEY`` (repeatable) -> {NAME: (SECRET, KEY)}."""
+    import re
+
+    out = {}
+    for pair in pairs or ():
+        name, _, ref = pair.partition("=")
+        secret, _, key = ref.partition("/")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name) or not secret or not key:
+            raise ConfigError(
+                f"--env-from-secret {pair}: expected NAME=SECRET/KEY (e.g. WANDB_API_KEY=wandb/api-key)",
+                flag="--env-from-secret",
+            )
+        out[name] = (secret, key)
+    return out
 
 
 def make_target(options: TargetOptions | None = None, *, auto_start: bool = True) -> Target:
@@ -84,8 +103,9 @@ def _kuberay_target(options: TargetOptions) -> Target:
             ray_cluster=options.cluster,
             working_dir=options.working_dir,
             submission_id=options.submission_id,
+            env_from_secret=parse_env_from_secret(options.env_from_secret),
         )
-    for name in ("working_dir", "submission_id"):
+    for name in ("working_dir", "submission_id", "env_from_secret"):
         if getattr(options, name):
             raise ConfigError(
                 f"{K8S_FLAGS[name]} is for --rayjob; without it raytrain uploads the job's folder through a "

@@ -35,7 +35,16 @@ from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, ConfigError
 from raytrain.events import JobFacts
 from raytrain.status import JobInfo, job_state, rayjob_state
-from raytrain.targets.base import RUNTIME_ENV_VARS, SECRET_EXCLUDES, STOP_WAIT_S, JobHandle, Request, Target
+from raytrain.targets.base import (
+    RUNTIME_ENV_VARS,
+    SECRET_EXCLUDES,
+    STOP_WAIT_S,
+    JobHandle,
+    Request,
+    Target,
+    mask_env,
+    shipped_plan,
+)
 from raytrain.targets.ray_jobs import with_default_storage
 
 ENTRYPOINT_MODULE = "raytrain.runtime.driver"
@@ -49,6 +58,23 @@ class K8sRequest(Request):
     namespace: str = ""
     manifests: list[dict[str, Any]] = field(default_factory=list)
     port_forward: dict[str, Any] | None = None
+
+    def masked(self) -> "K8sRequest":
+        """As Request.masked, and the same values masked in the RayJob's runtimeEnvYAML."""
+        import copy
+        import dataclasses as dc
+
+        import yaml
+
+        out = super().masked()
+        keys = set((self.plan.env if self.plan else {}) or {})
+        manifests = copy.deepcopy(self.manifests)
+        for m in manifests:
+            spec = m.get("spec") or {}
+            if keys and spec.get("runtimeEnvYAML"):
+                env = mask_env(yaml.safe_load(spec["runtimeEnvYAML"]), keys)
+                spec["runtimeEnvYAML"] = yaml.safe_dump(env, sort_keys=True, default_flow_style=False)
+        return dc.replace(out, manifests=manifests)
 
     def to_text(self) -> str:
         """The exact manifests (YAML) a submit applies; for the port-forward path (nothing is applied) the
@@ -137,6 +163,7 @@ class RayJobTarget(Target):
         ray_cluster: str | None = None,
         working_dir: str | None = None,
         submission_id: str | None = None,
+        env_from_secret: dict[str, tuple[str, str]] | None = None,
         python: str = "python",
         poll_s: float | None = None,
     ):
@@ -146,6 +173,12 @@ class RayJobTarget(Target):
         self.ray_cluster = ray_cluster  # clusterSelector mode when set; else the RayJob brings its own cluster
         self.working_dir = working_dir
         self.submission_id = submission_id
+        self.env_from_secret = dict(env_from_secret or {})
+        if self.env_from_secret and ray_cluster:
+            raise ConfigError(
+                "--env-from-secret sets the env of the RayJob's own pods: it cannot reach the pods of an existing "
+                "--cluster (give that RayCluster's profile `env`, or leave --cluster out)", flag="--env-from-secret",
+            )
         self.python = python
         self.poll_s = float(os.environ.get("RAYTRAIN_K8S_POLL_S", DEFAULT_POLL_S)) if poll_s is None else poll_s
         self._namespace: str | None = None
@@ -225,7 +258,7 @@ class RayJobTarget(Target):
             **RUNTIME_ENV_VARS,
             **(extra.pop("env_vars", None) or {}),
             **plan.env,
-            "RAYTRAIN_PLAN": plan.to_json(),
+            "RAYTRAIN_PLAN": shipped_plan(plan),
             "RAYTRAIN_RUN_NAME": run_name,
         }
         runtime_env: dict[str, Any] = {**extra, "working_dir": working_dir, "env_vars": env_vars}
@@ -254,6 +287,7 @@ class RayJobTarget(Target):
             profile=self.profile,
             cluster=self.ray_cluster,
             worker_replicas=worker_replicas,
+            secret_env=self.env_from_secret,
         )
         return K8sRequest(
             target=self.kind,

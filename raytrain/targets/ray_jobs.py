@@ -21,6 +21,7 @@ from raytrain.targets.base import (
     Request,
     Target,
     new_submission_id,
+    shipped_plan,
 )
 
 METADATA_KEY = "raytrain"
@@ -54,7 +55,7 @@ class RayJobsTarget(Target):
         return None  # Ray's default on the head node (~/ray_results)
 
     def runtime_env(self, plan: Plan, run_name: str, shipped: upload.Upload | None = None) -> dict:
-        env_vars = {**RUNTIME_ENV_VARS, **self.runtime_env_vars, **plan.env, "RAYTRAIN_PLAN": plan.to_json(),
+        env_vars = {**RUNTIME_ENV_VARS, **self.runtime_env_vars, **plan.env, "RAYTRAIN_PLAN": shipped_plan(plan),
                     "RAYTRAIN_RUN_NAME": run_name}
         shipped = shipped or upload.scan(plan.job_dir, SECRET_EXCLUDES)
         runtime_env = {
