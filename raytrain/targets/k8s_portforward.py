@@ -18,6 +18,7 @@ from raytrain.clusters.k8s_names import check_name
 from raytrain.clusters.k8s_tunnel import Forwarder, KubePortForward, PortForwardRequest, build_port_forward
 from raytrain.clusters.raycluster import RayClusters, head_service_name
 from raytrain.config.plan import Plan
+from raytrain.errors import ClusterError
 from raytrain.targets.base import STOP_WAIT_S, JobHandle, Request
 from raytrain.targets.kuberay import K8sRequest
 from raytrain.targets.ray_jobs import RayJobsTarget
@@ -97,7 +98,10 @@ class RayClusterJobsTarget(RayJobsTarget):
         """The token the Jobs client sends through the tunnel: RAY_AUTH_TOKEN(_PATH) if given, else the one
         in the RayCluster's Secret (raytrain made it at `cluster up`; reading it needs `get` on secrets)."""
         if self._token is None:
-            self._token = ClusterGuard(self.conn.kube, self.namespace).read_token(self.ray_cluster)
+            try:
+                self._token = ClusterGuard(self.conn.kube, self.namespace).read_token(self.ray_cluster)
+            except ClusterError:  # no `get` on secrets here: a cluster that needs a token answers 401, which
+                return None  # names RAY_AUTH_TOKEN
         return self._token
 
     def close(self) -> None:

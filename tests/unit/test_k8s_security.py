@@ -195,3 +195,18 @@ def test_the_jobs_client_sends_the_clusters_token_through_the_tunnel(guard, monk
     target.dashboard.check_reachable()
     server.shutdown()
     assert Recorder.seen[-1] == f"Bearer {g.read_token('c1')}"
+
+
+def test_no_permission_to_read_the_secret_means_no_token_not_a_crash(guard, monkeypatch):
+    from raytrain.errors import ClusterError
+
+    g, core = guard
+
+    def forbidden(*a, **k):
+        raise ClusterError("the Kubernetes API server refused read Secret (HTTP 403)")
+
+    monkeypatch.setattr(core, "read_namespaced_secret", forbidden)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    target = RayClusterJobsTarget(KubeConnection(kube=g.kube), ray_cluster="c1", namespace="ns")
+    assert target.token() is None
