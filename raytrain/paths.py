@@ -20,10 +20,26 @@ def default_storage() -> Path:
     return home() / "runs"
 
 
+def _foreign_entry(root: Path) -> tuple[str, int] | None:
+    """The first file or folder under ``root`` (symlinks not followed) that another user owns, if any."""
+    me = os.getuid()
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            entry = os.path.join(folder, name)
+            try:
+                owner = os.lstat(entry).st_uid
+            except OSError:
+                continue
+            if owner != me:
+                return entry, owner
+    return None
+
+
 def private_dir(path: str | os.PathLike) -> Path:
     """``path`` as a folder only this user can write: created with mode 0700 when missing; an existing one
-    must be a real folder (not a symlink), owned by this user and not writable by group or others. A shared
-    /tmp lets anyone create ``/tmp/raytrain-UID`` first; raytrain refuses such a folder instead of using it."""
+    must be a real folder (not a symlink) owned by this user; one that group or others can write is made 0700
+    if nothing in it belongs to another user. A shared /tmp lets anyone create ``/tmp/raytrain-UID`` first;
+    raytrain refuses such a folder instead of using it."""
     path = Path(path)
     try:
         os.mkdir(path, 0o700)
@@ -41,7 +57,14 @@ def private_dir(path: str | os.PathLike) -> Path:
     elif info.st_uid != os.getuid():
         problem = f"belongs to uid {info.st_uid}, not to you (uid {os.getuid()})"
     elif info.st_mode & 0o022:
-        problem = f"can be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
+        # Ours but open (an older raytrain let Ray make it 0777): tighten it, unless someone else already
+        # put something in it.
+        foreign = _foreign_entry(path)
+        if foreign is None:
+            os.chmod(path, 0o700)
+        else:
+            problem = (f"can be written by other users (mode {stat.S_IMODE(info.st_mode):o}) and holds "
+                       f"{foreign[0]}, which belongs to uid {foreign[1]}")
     if problem:
         raise UnsafePath(
             f"{path} {problem}: another user could control what raytrain runs or reads there; remove it "

@@ -42,16 +42,26 @@ def test_private_dir_refuses_symlink_and_shared_modes(tmp_path):
     link.symlink_to(own)
     with pytest.raises(UnsafePath, match="symbolic link"):
         paths.private_dir(link)
-    for mode in (0o777, 0o770, 0o722):
-        wide = tmp_path / f"wide{mode:o}"
-        wide.mkdir()
-        os.chmod(wide, mode)
-        with pytest.raises(UnsafePath, match="written by other users"):
-            paths.private_dir(wide)
     afile = tmp_path / "file"
     afile.write_text("x")
     with pytest.raises(UnsafePath, match="not a folder"):
         paths.private_dir(afile)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
+def test_an_own_folder_others_can_write_is_tightened_unless_it_holds_their_files(tmp_path, monkeypatch, mode):
+    wide = tmp_path / "wide"
+    (wide / "session_1").mkdir(parents=True)
+    (wide / "session_1" / "log.txt").write_text("ours")
+    os.chmod(wide, mode)
+    assert paths.private_dir(wide) == wide and stat.S_IMODE(os.lstat(wide).st_mode) == 0o700
+    os.chmod(wide, mode)
+    planted = wide / "session_1" / "planted"
+    planted.write_text("theirs")
+    _foreign(planted, monkeypatch)
+    with pytest.raises(UnsafePath, match="written by other users.*planted"):
+        paths.private_dir(wide)
+    assert stat.S_IMODE(os.lstat(wide).st_mode) == mode  # left as it was
 
 
 def test_foreign_ray_temp_dir_refused(tmp_path, monkeypatch):
