@@ -27,7 +27,7 @@ def assert_loss_falls(losses, steps):
 
 def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     cli = e2e_env
-    cli("cluster", "down", check=True, timeout=120)  # whatever ran before: submit must start it
+    cli("cluster", "down", "--force", check=True, timeout=120)  # whatever ran before: submit must start it
     assert "no local Ray cluster" in cli("cluster", "status").stdout
     proc = cli("submit", JOBS / "cnn.py", "--workers", "2", "--zero", "1", "--precision", "bf16",
                "--grad-accum", "2", "--micro-batch", "16", "--", "--steps", "12")
@@ -158,6 +158,8 @@ def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_
     assert info["state"] == "failed" and info["error"]["type"] == "StartTimeout", info
     assert f"within 20 s (--start-timeout): waiting for 2 CPU; 2 CPU held by job {holder}" in info["error"]["message"]
 
+    down = cli("cluster", "down")  # no terminal to ask on: refused while the holder runs
+    assert down.returncode == 2 and holder in down.stdout and "give --force" in down.stderr, down.stdout + down.stderr
     assert "stopped; its workers and placement groups are gone" in cli("jobs", "stop", holder, check=True).stdout
     proc = cli("submit", SLEEPY, "--workers", "2", "--", "1", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
