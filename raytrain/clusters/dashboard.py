@@ -117,6 +117,6 @@ class Dashboard:
         return self._state("placement_groups", "&detail=1")
 
     def live_actors(self, ray_job_id: str) -> list[dict]:
-        """The actors of one Ray job (its id, e.g. ``03000000``) that are not dead."""
-        actors = self._state("actors", f"&filter_keys=job_id&filter_predicates=%3D&filter_values={ray_job_id}")
+        """The actors of one Ray job (its id, e.g. ``03000000``) that are not dead (with ``is_detached``)."""
+        actors = self._state("actors", f"&detail=1&filter_keys=job_id&filter_predicates=%3D&filter_values={ray_job_id}")
         return [a for a in actors if str(a.get("state", "")).upper() != "DEAD"]

@@ -85,7 +85,7 @@ class StartWatch(threading.Thread):
 
     def run(self) -> None:
         since, state = None, None  # state: None, "placed", or the last waiting message
-        while not self.stopped.wait(self.poll_s):
+        while not self.stopped.wait(self.poll_s * (5 if state == "placed" else 1)):  # slower once placed
             try:
                 groups, jobs = list_groups(), list_jobs()
             except Exception:  # the state API is busy: look again at the next poll

@@ -147,16 +147,15 @@ def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_
 
     holder = _sleepy(cli)
     _until("the holder's workers are placed", lambda: _placed(cli, holder))
-    waiter = _sleepy(cli, "--start-timeout", "20", seconds="1")
-    info = _until("the second job is pending, naming the holder",
-                  lambda: (lambda i: i if i["state"] == "pending" and i.get("waiting") else None)(
-                      cli.json("jobs", "status", waiter)))
-    assert info["waiting"] == f"waiting for 2 CPU; 2 CPU held by job {holder}"
-    assert f"waiting   2 CPU; 2 CPU held by job {holder}" in cli("jobs", "status", waiter, check=True).stdout
+    waiter = _sleepy(cli, "--start-timeout", "30", seconds="1")
+    shown = _until("the second job is pending, saying what it waits for",
+                   lambda: (lambda out: out if "waiting " in out else None)(
+                       cli("jobs", "status", waiter, check=True).stdout))
+    assert "state     pending" in shown and f"waiting   2 CPU; 2 CPU held by job {holder}" in shown, shown
     info = _until("the waiting job gives up", lambda: (lambda i: i if i["state"] != "pending" else None)(
         cli.json("jobs", "status", waiter)), timeout=180)
     assert info["state"] == "failed" and info["error"]["type"] == "StartTimeout", info
-    assert f"within 20 s (--start-timeout): waiting for 2 CPU; 2 CPU held by job {holder}" in info["error"]["message"]
+    assert f"within 30 s (--start-timeout): waiting for 2 CPU; 2 CPU held by job {holder}" in info["error"]["message"]
 
     down = cli("cluster", "down")  # no terminal to ask on: refused while the holder runs
     assert down.returncode == 2 and holder in down.stdout and "give --force" in down.stderr, down.stdout + down.stderr
