@@ -49,7 +49,7 @@ def cluster_up(env: dict[str, str], num_cpus: float | None = None) -> bool:
 
 
 def cluster_down(env: dict[str, str]) -> None:
-    run_cli("cluster", "down", env=env, timeout=180, check=False)
+    run_cli("cluster", "down", "--force", env=env, timeout=180, check=False)
 
 
 # -- CPU accounting ----------------------------------------------------------------------------------

@@ -78,10 +78,42 @@ def check_capacity(target: Target, the_plan: Plan, request: Request | None = Non
         raise ClusterError(problem)
 
 
+def recovery_flags(the_plan: Plan) -> list[str]:
+    """The flags of ``the_plan`` that only work when its checkpoints outlive a node (and a RayJob's cluster)."""
+    flags = []
+    if the_plan.checkpoint_every:
+        flags.append(f"--checkpoint-every {the_plan.checkpoint_every}")
+    if the_plan.max_failures:
+        flags.append(f"--max-failures {the_plan.max_failures}")
+    if the_plan.scaling.elastic:
+        flags.append(f"--workers {the_plan.scaling.workers_label}")
+    return flags
+
+
+def check_recovery_storage(target: Target, the_plan: Plan) -> None:
+    """A run that checkpoints, restarts or resizes on a remote cluster with no --storage (and no storage of
+    the cluster's or profile's) would write its checkpoints to Ray's default folder on one node (a RayJob's
+    cluster is deleted after the job): they would be lost. Refused before submitting (the dry run too)."""
+    flags = recovery_flags(the_plan)
+    if not flags or target.storage_is_local or the_plan.storage:
+        return
+    from raytrain.errors import ConfigError
+
+    raise ConfigError(
+        f"{', '.join(flags)} on {target.address} with no --storage: the checkpoints would go to Ray's default "
+        "folder on one node's disk (a RayJob's cluster is deleted after the job), where a restart, resize or "
+        "--resume cannot find them; give --storage with a path every node mounts (NFS, a ReadWriteMany PVC) "
+        "or a URI such as s3://bucket/runs",
+        flag="--storage",
+    )
+
+
 def check_here(target: Target, the_plan: Plan) -> None:
-    """The checks that need no cluster, run by the dry run and the submit alike. Where the run's storage is
+    """The checks that need no cluster, run by the dry run and the submit alike: recovery needs shared storage
+    off this machine (check_recovery_storage). Where the run's storage is
     on this machine (the local cluster): --storage must be writable and --resume must name a complete
     checkpoint (the driver checks --resume again on the cluster, where it also covers remote clusters)."""
+    check_recovery_storage(target, the_plan)
     if not target.storage_is_local:
         return
     from raytrain.errors import ConfigError

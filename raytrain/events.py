@@ -23,6 +23,9 @@ MEMORY = "memory"  # every rank, every ~10 s and at the end: peak GPU memory (NV
 ESTIMATE = "estimate"  # rank 0: the planner's per-GPU memory estimate for this model and config
 PREFLIGHT = "preflight"  # controller: where each worker runs and the network interface it uses
 RESIZED = "resized"  # rank 0: an elastic job runs with a different number of workers (grad-accum adjusted)
+WAITING = "waiting"  # driver: the workers cannot be placed yet; what they wait for and who holds it
+PLACED = "placed"  # driver: the workers' placement group is placed (their processes start now)
+CLEANED = "cleaned"  # driver or `jobs stop`: placement groups that ended jobs leaked were removed
 TIMING = "timing"  # any side: a start-up phase reached (raytrain.timings), with its wall-clock time
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
@@ -66,6 +69,8 @@ class JobFacts:
     preflight: dict | None = None  # the latest (each worker-group start runs one)
     resized: list[dict] = field(default_factory=list)
     timings: list[dict] = field(default_factory=list)  # raytrain.timings reduces them
+    waiting: dict | None = None  # the workers wait to be placed (message: for what, held by whom)
+    cleaned: list[str] = field(default_factory=list)  # leaked placement groups the driver removed
     finished: dict | None = None
     error: dict | None = None
 
@@ -77,8 +82,14 @@ class JobFacts:
             return
         self._seen.add(key)
         kind = event.get("event")
+        if kind in (PLACED, PREFLIGHT, METRICS, FINISHED, ERROR, CAPACITY, INVALID):
+            self.waiting = None
         if kind == STARTED:
             self.started = event
+        elif kind == WAITING:
+            self.waiting = event
+        elif kind == CLEANED:
+            self.cleaned.extend(event.get("groups") or [])
         elif kind == METRICS:
             self.metrics.append(event)
             self.restarting = False

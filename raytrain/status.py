@@ -64,13 +64,14 @@ def rayjob_state(status: dict[str, Any] | None) -> JobState:
 
 def job_state(cluster_state: JobState, facts: JobFacts | None = None) -> JobState:
     """The cluster's view refined by the job's log, the same for every target: a running job whose workers
-    restart is RESTARTING; one whose driver has not placed its workers yet is PENDING. ``facts`` None: the
+    restart is RESTARTING; one whose workers are not placed yet (the driver has not asked, or their placement
+    group waits for resources: ``facts.waiting``) is PENDING. ``facts`` None: the
     log was not read (or could not be), so the cluster's view stands."""
     if cluster_state is JobState.RUNNING and facts is not None:
         if facts.restarting:
             return JobState.RESTARTING
-        if facts.started is None:
-            return JobState.PENDING  # the driver has not placed its workers yet
+        if facts.started is None or facts.waiting is not None:
+            return JobState.PENDING  # the workers are not placed yet
     return cluster_state
 
 
@@ -95,6 +96,7 @@ class JobInfo:
     metadata: dict[str, str] = field(default_factory=dict)
     facts: JobFacts | None = None
     problems: list[str] = field(default_factory=list)  # what could not be read (the job's log on Kubernetes)
+    ray_job_id: str = ""  # Ray's id of the job's driver (e.g. 03000000): its actors and placement groups carry it
 
     def warnings(self) -> list[str]:
         """What the status could not see or the job could not measure: shown by `jobs status`."""
@@ -124,4 +126,5 @@ class JobInfo:
             out["estimate"] = self.facts.estimate
             out["preflight"] = self.facts.preflight
             out["resized"] = self.facts.resized
+            out["waiting"] = (self.facts.waiting or {}).get("message")
         return out

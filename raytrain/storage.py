@@ -1,6 +1,8 @@
 """Is the run's storage shared by every node? Multi-node training with node-local storage loses shards."""
 from __future__ import annotations
 
+PROBE_TIMEOUT_S = 60.0  # how long the driver waits for every node to write its marker
+
 
 def is_uri(storage: str) -> bool:
     return "://" in storage
@@ -38,6 +40,11 @@ def write_marker(storage: str, name: str) -> str | None:
         return f"{type(exc).__name__}: {exc.strerror or exc}"
 
 
+def late_answer(storage: str) -> str:
+    """What a node whose marker write did not return in time reports (a hung network mount, a busy node)."""
+    return f"writing a marker into {storage} did not finish within {PROBE_TIMEOUT_S:g} s (a hung mount?)"
+
+
 def probe_visibility(storage: str, marker_prefix: str) -> dict[str, bool | str]:
     """A task on every alive node writes a marker into ``storage``; the driver reads each one back."""
     import os
@@ -54,8 +61,10 @@ def probe_visibility(storage: str, marker_prefix: str) -> dict[str, bool | str]:
         write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(storage, name)
         for n, name in zip(nodes, names)
     ]
+    _, late = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+    errors = [late_answer(storage) if ref in late else ray.get(ref) for ref in refs]
     result: dict[str, bool | str] = {}
-    for n, name, error in zip(nodes, names, ray.get(refs, timeout=60)):
+    for n, name, error in zip(nodes, names, errors):
         path = os.path.join(storage, name)
         result[n.get("NodeManagerAddress", "?")] = error or os.path.exists(path)
         if error is None and os.path.exists(path):

@@ -59,25 +59,45 @@ def list_checkpoints(run, storage, as_json):
     Console().print(table)
 
 
+EXPORT_TIMEOUT_S = 3600.0  # the longest `export` waits for DeepSpeed's consolidation
+
+
+def run_export(checkpoint: str, out: str, timeout_s: float = EXPORT_TIMEOUT_S) -> dict:
+    """``python -m raytrain.runtime.export`` in its own process (the CLI never imports deepspeed), bounded."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "raytrain.runtime.export", checkpoint, out], capture_output=True, text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise RaytrainError(
+            f"export of {checkpoint} did not finish within {timeout_s:g} s (--timeout); nothing was written to {out}"
+        ) from None
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise RaytrainError(f"export of {checkpoint} failed:\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @click.command("export")
 @click.argument("checkpoint")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the state_dict.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+@click.option("--timeout", "timeout_s", type=float, default=EXPORT_TIMEOUT_S, show_default=True, metavar="SECONDS",
+              help="Give up when the export takes longer.")
 @storage_option
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
-def export(checkpoint, out, storage, as_json):
+def export(checkpoint, out, force, timeout_s, storage, as_json):
     """Write a consolidated fp32 state_dict (loadable without DeepSpeed) from CHECKPOINT.
 
-    CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint).
+    CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint). The file is written
+    whole or not at all (a temporary file renamed into place).
     """
+    if Path(out).exists() and not force:
+        raise ConfigError(f"--out {out}: the file exists; give --force to replace it, or another path", flag="--out")
     ckpt = store.resolve_resume(checkpoint, storage or str(paths.default_storage()), flag="CHECKPOINT")
-    proc = subprocess.run(
-        [sys.executable, "-m", "raytrain.runtime.export", ckpt.path, out], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        raise RaytrainError(f"export of {ckpt.path} failed:\n{tail}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_export(ckpt.path, out, timeout_s)
     if as_json:
         print_json(result)
     else:

@@ -1,6 +1,7 @@
 """`raytrain cluster up|status|down`: the embedded local Ray cluster, or a KubeRay RayCluster (--k8s)."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import click
@@ -12,6 +13,7 @@ from raytrain.cli.common import handle_errors, k8s_connection_options, print_jso
 from raytrain.clusters import local_head
 from raytrain.clusters.base import ClusterOptions
 from raytrain.clusters.factory import make_cluster
+from raytrain.errors import ClusterError
 
 # Which cluster: `cluster up|status|down [--k8s] [--profile FILE] [--name N] [--namespace NS]`.
 cluster_options = with_options(
@@ -63,13 +65,30 @@ def up(num_cpus, num_gpus, port, dashboard_port, node_ip, resources_json, dry_ru
     click.echo(c.up(dry_run=dry_run), nl=False)
 
 
+def _can_ask() -> bool:
+    """A person at a terminal can answer a question (not a script, not CI)."""
+    return sys.stdin.isatty()
+
+
 @cluster.command()
+@click.option("--force", is_flag=True, help="Stop it even while jobs run on it (they are stopped with it).")
 @cluster_options
 @handle_errors
-def down(**flags):
+def down(force, **flags):
     """Stop the local cluster (or the node `cluster join` started) and every job on it; --k8s: delete the
-    RayCluster."""
-    click.echo(_cluster(flags).down(), nl=False)
+    RayCluster (only one raytrain made). While jobs run on it, lists them and asks (--force: does not ask;
+    without a terminal to ask on, refuses)."""
+    c = _cluster(flags)
+    jobs = [] if force else c.jobs_in_use()
+    if jobs:
+        click.echo(f"{len(jobs)} job(s) still run on this cluster and would be stopped:")
+        for line in jobs:
+            click.echo(f"  {line}")
+        if not _can_ask():
+            raise ClusterError("cluster down: jobs still run on it; give --force to stop them with the cluster")
+        if not click.confirm("Stop them and the cluster?", default=False):
+            raise ClusterError("cluster down: nothing stopped")
+    click.echo(c.down(), nl=False)
 
 
 cluster.add_command(join)

@@ -110,6 +110,8 @@ def status(job_id, address, as_json, show_timings, **k8s):
     click.echo(f"name      {info.name}")
     click.echo(f"state     {info.state.value}")
     click.echo(f"started   {_when(info.start_time)}  ({_duration(info.start_time, info.end_time)})")
+    if facts and facts.waiting and not info.state.terminal:
+        click.echo(f"waiting   {facts.waiting.get('message', '')[len('waiting for '):]}")
     if facts and facts.last_metrics:
         click.echo(f"last      {describe_metrics(facts.last_metrics)}")
     if facts and facts.preflight:

@@ -155,6 +155,12 @@ class ProgressPrinter:
                     "marker the driver read back (shared)",
                     markup=False, highlight=False, soft_wrap=True,
                 )
+        elif kind == events.WAITING:
+            self.console.print(f"raytrain: pending: {event.get('message', '')}", markup=False, highlight=False,
+                               soft_wrap=True)
+        elif kind == events.CLEANED and event.get("groups"):
+            self.console.print(f"raytrain: removed {len(event['groups'])} placement group(s) that ended jobs "
+                               "leaked", markup=False, highlight=False)
         elif kind == events.RESTARTING:
             self.console.print(f"raytrain: workers restarting: {event.get('reason', '')}", markup=False)
         elif kind == events.PREFLIGHT:

@@ -44,3 +44,8 @@ class Cluster(abc.ABC):
     @abc.abstractmethod
     def down(self) -> str:
         """Stop or delete it; the text to print (ends with a newline)."""
+
+    def jobs_in_use(self) -> list[str]:
+        """The jobs that still run on it (one line each), which `cluster down` would stop: it lists them and
+        asks, or needs --force."""
+        return []

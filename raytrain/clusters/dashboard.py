@@ -107,3 +107,16 @@ class Dashboard:
     def node_summaries(self) -> list[dict]:
         """Raw per-node summary (memory, CPU use) for `cluster status`."""
         return ((self.get("/nodes?view=summary").get("data") or {}).get("summary")) or []
+
+    def _state(self, resource: str, query: str = "") -> list[dict]:
+        data = self.get(f"/api/v0/{resource}?limit=10000{query}", timeout=15)
+        return ((data.get("data") or {}).get("result") or {}).get("result") or []
+
+    def placement_groups(self) -> list[dict]:
+        """Ray's state API: every placement group with its state, creator job and bundles."""
+        return self._state("placement_groups", "&detail=1")
+
+    def live_actors(self, ray_job_id: str) -> list[dict]:
+        """The actors of one Ray job (its id, e.g. ``03000000``) that are not dead (with ``is_detached``)."""
+        actors = self._state("actors", f"&detail=1&filter_keys=job_id&filter_predicates=%3D&filter_values={ray_job_id}")
+        return [a for a in actors if str(a.get("state", "")).upper() != "DEAD"]

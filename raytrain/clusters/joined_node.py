@@ -36,9 +36,10 @@ class WorkerNode:
     num_cpus: float | None = None
     num_gpus: float | None = None
     resources: dict | None = None
+    pid_started: float | None = None  # the process's start time: a record whose pid now names another is stale
 
     def process_alive(self) -> bool:
-        return ray_process.pid_alive(self.pid)
+        return ray_process.same_process(self.pid, self.pid_started)
 
 
 def _record_path() -> Path:
@@ -104,6 +105,7 @@ def join(
     proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path)
     node = WorkerNode(
         pid=proc.pid,
+        pid_started=ray_process.started_at(proc.pid),
         gcs_address=gcs_address,
         temp_dir=str(temp_dir),
         token_path=str(token_path),

@@ -70,6 +70,17 @@ class LocalRayCluster(Cluster):
             "workers_error": workers_error,
         }
 
+    def jobs_in_use(self) -> list[str]:
+        from raytrain.targets.local import LocalTarget
+
+        if local_head.current() is None:
+            return []
+        try:
+            infos = LocalTarget(auto_start=False).list()
+        except ClusterError:
+            return []  # the head does not answer: nothing can be asked, `down` stops its process
+        return [f"{i.job_id} ({i.name}, {i.state.value})" for i in infos if not i.state.terminal]
+
     def down(self) -> str:
         """Stop the local cluster (or the node `cluster join` started) and every job on it."""
         lines = []

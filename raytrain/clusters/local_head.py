@@ -42,6 +42,7 @@ class LocalCluster:
     num_gpus: float | None = None
     node_ip: str | None = None
     resources: dict | None = None
+    pid_started: float | None = None  # the process's start time: a record whose pid now names another is stale
 
     @property
     def token(self) -> str:
@@ -51,7 +52,7 @@ class LocalCluster:
         return Dashboard(self.dashboard_url, token_headers(self.token))
 
     def process_alive(self) -> bool:
-        return ray_process.pid_alive(self.pid)
+        return ray_process.same_process(self.pid, self.pid_started)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +114,7 @@ def up(
     proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path, extra_env=_address_env(node_ip))
     cluster = LocalCluster(
         pid=proc.pid,
+        pid_started=ray_process.started_at(proc.pid),
         dashboard_url=f"http://127.0.0.1:{dashboard_port}",
         gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
         temp_dir=str(temp_dir),

@@ -71,6 +71,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (None where /proc cannot tell)."""
+    from raytrain.timings import process_start_time
+
+    return process_start_time(pid)
+
+
+def same_process(pid: int, pid_started: float | None) -> bool:
+    """``pid`` runs and is the process that started at ``pid_started`` (after a reboot, or once the pid is
+    reused, it names another process, which must never be stopped as ours)."""
+    if not pid_alive(pid):
+        return False
+    if pid_started is None:
+        return True  # a record from before start times were kept: the pid is all there is
+    now = started_at(pid)
+    return now is None or abs(now - pid_started) < 1.0
+
+
 def load_record(path: Path, cls: type[T]) -> T | None:
     """The record at ``path`` if its process still runs; a stale or unreadable record is removed."""
     if not path.is_file():
@@ -82,7 +100,7 @@ def load_record(path: Path, cls: type[T]) -> T | None:
     except (ValueError, TypeError, KeyError):
         path.unlink(missing_ok=True)
         return None
-    if not pid_alive(pid):
+    if not same_process(pid, data.get("pid_started")):
         path.unlink(missing_ok=True)
         return None
     return record

@@ -11,6 +11,7 @@ from raytrain.clusters.k8s_client import KubeConnection, RayObjects
 from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_manifests import (
     DASHBOARD_PORT,
+    MANAGED_BY,
     STORAGE_ANNOTATION,
     auth_secret_name,
     nodes_from_spec,
@@ -164,11 +165,22 @@ class KubeRayCluster(Cluster):
             self._clusters = RayClusters(self.conn, namespace)
         return self._clusters
 
+    def _refuse_foreign(self, obj: dict[str, Any] | None, doing: str) -> None:
+        """raytrain changes only RayClusters it made (its managed-by label): never one someone else made."""
+        labels = (obj or {}).get("metadata", {}).get("labels") or {}
+        if obj is not None and labels.get(MANAGED_BY) != "raytrain":
+            ns = self.clusters.namespace
+            raise ClusterError(
+                f"RayCluster {ns}/{self.name} was not made by raytrain (no {MANAGED_BY}=raytrain label); raytrain "
+                f"does not {doing} it: choose another --name, or submit to it with `--k8s --cluster {self.name}`"
+            )
+
     def up(self, *, dry_run: bool = False) -> str:
         clusters, name, profile = self.clusters, self.name, self.profile
         manifest = clusters.render(profile, name)
         if dry_run:
             return secret_note(name) + to_yaml([manifest, *security_manifests(name, clusters.namespace, profile)])
+        self._refuse_foreign(clusters.get(name), "take over")
         guard = ClusterGuard(self.conn.kube, clusters.namespace)
         guarded = guard.ensure(name, profile)
         result = clusters.apply(manifest)
@@ -187,8 +199,21 @@ class KubeRayCluster(Cluster):
     def status(self) -> dict[str, Any]:
         return self.clusters.report(self.name)
 
+    def jobs_in_use(self) -> list[str]:
+        """RayJobs that run on this RayCluster (clusterSelector) and have not ended."""
+        from raytrain.status import rayjob_state
+
+        rayjobs = RayObjects(self.conn.kube, "rayjobs", self.clusters.namespace)
+        return [
+            f"RayJob {(j.get('metadata') or {}).get('name')} ({rayjob_state(j.get('status')).value})"
+            for j in rayjobs.list()
+            if ((j.get("spec") or {}).get("clusterSelector") or {}).get("ray.io/cluster") == self.name
+            and not rayjob_state(j.get("status")).terminal
+        ]
+
     def down(self) -> str:
         clusters, name = self.clusters, self.name
+        self._refuse_foreign(clusters.get(name), "delete")
         if clusters.delete(name):
             ClusterGuard(self.conn.kube, clusters.namespace).delete(name)  # also owned by it: no wait for GC
             return f"RayCluster {clusters.namespace}/{name} deleted (KubeRay removes its pods)\n"

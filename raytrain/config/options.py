@@ -125,6 +125,11 @@ class Options:
         "torch.distributed timeout for process-group setup and each collective. Default {default}.",
         type=float, metavar="SECONDS", default=600.0,
     )
+    start_timeout: float | None = option(  # seconds the workers may wait to be placed (0: no limit)
+        "Give up (exit 1) when the workers cannot be placed within SECONDS, e.g. because another job holds the "
+        "CPUs/GPUs; until then the job is pending and says what it waits for. 0: wait forever. Default {default}.",
+        type=float, metavar="SECONDS", default=600.0,
+    )
     tp: int | None = option("Tensor-parallel size (DeepSpeed AutoTP). Default {default}.", type=int, default=1)
     pp: int | None = option("Pipeline stages (the job calls ctx.pipeline). Default {default}.", type=int, default=1)
     pp_partition: str | None = option(

@@ -58,6 +58,7 @@ class Plan:
     pp_partition: str = DEFAULTS["pp_partition"]
     interface: str | None = None  # the network interface every worker must use (--interface)
     timeout_s: float = DEFAULTS["timeout"]  # torch.distributed process-group timeout (--timeout)
+    start_timeout_s: float = DEFAULTS["start_timeout"]  # how long the workers may wait to be placed
     mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
 
     def to_dict(self) -> dict[str, Any]:

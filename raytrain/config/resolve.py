@@ -150,6 +150,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     keep = None if opts.keep is None else check_int("keep", opts.keep, 1)
     max_failures = max_failures_for(opts.max_failures, min_workers, workers)
     timeout_s = check_number("timeout", _or_default(opts, "timeout"), 0, strict=True)
+    start_timeout_s = check_number("start_timeout", _or_default(opts, "start_timeout"), 0, strict=False)
     interface = _interface(opts.interface)
 
     tp = check_int("tp", _or_default(opts, "tp"), 1)
@@ -175,5 +176,5 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         checkpoint_every=checkpoint_every, keep=keep, max_failures=max_failures, resume=opts.resume,
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
-        interface=interface, timeout_s=timeout_s, mode=job.mode,
+        interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode,
     )

@@ -100,6 +100,30 @@ def _pinned_address() -> dict | None:
     return {"env_vars": {"RAY_ADDRESS": address}} if address else None
 
 
+def watch_placement(plan: Plan):
+    """Remove the placement groups ended jobs leaked (they would hold this job's CPUs/GPUs for ever), then watch
+    this job's groups until ``fit()`` returns: a ``waiting`` event says what the workers wait for and who
+    holds it; after ``--start-timeout`` the driver gives up (exit 1)."""
+    import ray
+
+    from raytrain.runtime import placement_watch
+
+    try:
+        removed = placement_watch.remove_leaked()
+    except Exception as exc:  # the state API did not answer: the watch below still reports a wait
+        print(f"raytrain: could not look for leaked placement groups: {exc}", file=sys.stderr)
+        removed = []
+    if removed:
+        emit(events.CLEANED, groups=removed)
+    job_id = ray.get_runtime_context().get_job_id()
+    timeout_s = float(plan.start_timeout_s)
+    watch = placement_watch.StartWatch(
+        job_id, timeout_s, lambda message: placement_watch.give_up(job_id, timeout_s, message)
+    )
+    watch.start()
+    return watch
+
+
 def main() -> int:
     from raytrain import timings
 
@@ -185,6 +209,7 @@ def main() -> int:
             logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
         ),
     )
+    watch = watch_placement(plan)
     try:
         result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
@@ -195,6 +220,8 @@ def main() -> int:
         traceback.print_exc()
         emit(events.ERROR, type=type(cause).__name__, rank=rank, message=_one_line(cause))
         return EXIT_TRAINING_FAILED
+    finally:
+        watch.stopped.set()
     checkpoint = getattr(result, "checkpoint", None)
     emit(
         events.FINISHED,

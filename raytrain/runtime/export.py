@@ -13,6 +13,29 @@ from pathlib import Path
 from raytrain.checkpoints import marker as markers
 
 
+def save_atomically(state: dict, out: str) -> None:
+    """``torch.save`` into a temporary file next to ``out``, then rename it into place: ``out`` is the old file
+    or the whole new one, never a partial one."""
+    import os
+    import tempfile
+
+    import torch
+
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would have made it (mkstemp makes it private)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def export(checkpoint_dir: str, out: str) -> dict:
     import torch
 
@@ -28,8 +51,7 @@ def export(checkpoint_dir: str, out: str) -> dict:
         model_states = torch.load(d / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         state = model_states["module"]
     state = {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state, out)
+    save_atomically(state, out)
     return {
         "checkpoint": str(d),
         "step": marker.step,

@@ -23,6 +23,7 @@ from typing import Any
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 CONNECT_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 60.0  # how long the controller waits for every worker's probe result
 
 
 class PreflightError(RuntimeError):
@@ -193,35 +194,58 @@ def decide(reports: list[dict[str, Any]], interface: str | None, gpus_per_worker
 
 
 # -- the Ray Train backend ------------------------------------------------------------------------------
+def unanswered(refs: list, not_ready: list) -> list[int]:
+    """The ranks (positions in ``refs``) whose result is among ``not_ready``."""
+    late = set(not_ready)
+    return [rank for rank, ref in enumerate(refs) if ref in late]
+
+
+def no_answer_error(what: str, ranks: list[int], timeout_s: float) -> PreflightError:
+    return PreflightError(
+        f"preflight: worker rank(s) {', '.join(map(str, ranks))} did not answer ({what}) within {timeout_s:g} s: "
+        "the worker process is stuck or its node is overloaded or unreachable"
+    )
+
+
+def gather(refs: list, what: str, timeout_s: float = ANSWER_TIMEOUT_S) -> list:
+    """``ray.get(refs)`` bounded: a PreflightError naming the ranks that did not answer in time."""
+    import ray
+
+    _, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    if not_ready:
+        raise no_answer_error(what, unanswered(refs, not_ready), timeout_s)
+    return ray.get(refs)
+
+
 def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
     """Probe the started worker group; set the interface variables; raise PreflightError naming problems."""
-    import ray
     from ray.train._internal.utils import get_address_and_port
 
     started = time.monotonic()
-    master_addr, _ = worker_group.execute_single(0, get_address_and_port)
-    reports = worker_group.execute(describe, master_addr)
+    master_addr, _ = gather([worker_group.execute_single_async(0, get_address_and_port)], "its address")[0]
+    reports = gather(worker_group.execute_async(describe, master_addr), "describing itself")
     gpus = float(worker_group.get_resources_per_worker().get("GPU", 0) or 0)
     decision = decide(reports, interface, gpus)
     if decision.problems:
         raise PreflightError("preflight: " + "; ".join(decision.problems))
-    port = worker_group.execute_single(0, listen, master_addr, CONNECT_TIMEOUT_S * 3)
+    port = gather([worker_group.execute_single_async(0, listen, master_addr, CONNECT_TIMEOUT_S * 3)],
+                  "listening for the others")[0]
     failures = []
     refs = [
         worker_group.execute_single_async(rank, connect, master_addr, port, decision.source_ip(rank, r))
         for rank, r in enumerate(reports)
     ]
-    for rank, (r, error) in enumerate(zip(reports, ray.get(refs))):
+    for rank, (r, error) in enumerate(zip(reports, gather(refs, "connecting to rank 0"))):
         if error:
             via = f" via {decision.interface[rank]}" if rank in decision.interface else ""
             failures.append(f"{_where(rank, r)} cannot reach rank 0 at {master_addr}:{port}{via} ({error})")
     if failures:
         hint = "" if interface else " (name the interface that connects the nodes with --interface)"
         raise PreflightError("preflight: " + "; ".join(failures) + hint)
-    ray.get([
+    gather([
         worker_group.execute_single_async(rank, set_env, {k: name for k in IFNAME_VARS})
         for rank, name in decision.interface.items()
-    ])
+    ], "setting the network interface")
     return {
         "master": master_addr,
         "interface": decision.interface.get(0),

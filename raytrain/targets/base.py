@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from raytrain.capacity import Node
 from raytrain.config.plan import Plan
-from raytrain.errors import ClusterError
+from raytrain.errors import ClusterError, RaytrainError
 from raytrain.status import JobInfo
 
 # Files never shipped with a job's folder, whatever .gitignore says.
@@ -54,6 +54,7 @@ SECRET_EXCLUDES = [
 ]
 
 STOP_WAIT_S = 60.0  # how long `jobs stop` waits for a job to have stopped
+RELEASE_WAIT_S = 20.0  # then how long for its workers and placement groups to be gone before removing them
 
 # Environment the runtime needs on every process of the job (users can override each with --env).
 RUNTIME_ENV_VARS = {
@@ -200,10 +201,25 @@ class Target(abc.ABC):
     def stop(self, job_id: str) -> bool: ...
 
     def stop_and_wait(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> str:
-        """Stop the job and (``wait``) wait until it has stopped; the line `jobs stop` prints."""
-        self.stop(job_id)
-        info = self.wait_until_ended(job_id, wait=wait, timeout_s=timeout_s)
-        return f"{job_id}: {info.state.value}"
+        """Stop the job and (``wait``) wait until it has stopped and its workers and placement groups are gone;
+        the line `jobs stop` prints. Raises (exit 1) naming what still runs when the wait runs out."""
+        stopped = self.stop(job_id)
+        info = self.wait_until_ended(job_id, wait=wait and stopped, timeout_s=timeout_s)
+        if not wait or info.state.terminal and not stopped:
+            return f"{job_id}: {info.state.value}" + ("" if info.state.terminal else " (stopping; not waited for)")
+        if not info.state.terminal:
+            raise RaytrainError(
+                f"{job_id} is still {info.state.value} {timeout_s:.0f} s after the stop request: its driver has not "
+                f"exited (see `raytrain jobs logs {job_id}`); run `raytrain jobs stop {job_id}` again, or stop "
+                "the cluster"
+            )
+        return f"{job_id}: {info.state.value}" + self.release(info)
+
+    def release(self, info: JobInfo, timeout_s: float = RELEASE_WAIT_S) -> str:
+        """After the job ended: wait until its workers and placement groups are gone (removing groups Ray
+        leaked); what `jobs stop` adds to its line. Targets that cannot look (a RayJob's own cluster) say
+        nothing."""
+        return ""
 
     def wait_until_ended(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> JobInfo:
         """The job's status (without facts), polled until it is terminal or ``timeout_s`` has passed."""

@@ -19,7 +19,7 @@ from raytrain.clusters.k8s_tunnel import Forwarder, KubePortForward, PortForward
 from raytrain.clusters.raycluster import RayClusters, head_service_name
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError
-from raytrain.targets.base import STOP_WAIT_S, JobHandle, Request
+from raytrain.targets.base import JobHandle, Request
 from raytrain.targets.kuberay import K8sRequest
 from raytrain.targets.ray_jobs import RayJobsTarget
 
@@ -68,11 +68,6 @@ class RayClusterJobsTarget(RayJobsTarget):
     def reconnect_flags(self) -> list[str]:
         # `jobs ... --k8s` alone means RayJobs; this job runs on a RayCluster's Jobs API
         return ["--k8s", "--cluster", self.ray_cluster, "--namespace", self.namespace]
-
-    def stop_and_wait(self, job_id: str, *, wait: bool = True, timeout_s: float = STOP_WAIT_S) -> str:
-        stopped = self.stop(job_id)
-        info = self.wait_until_ended(job_id, wait=wait and stopped, timeout_s=timeout_s)
-        return f"{job_id}: {info.state.value}" + ("" if info.state.terminal else " (stopping)")
 
     def default_storage(self) -> str | None:
         return ((self.raycluster().get("metadata") or {}).get("annotations") or {}).get(STORAGE_ANNOTATION)

@@ -32,7 +32,7 @@ from raytrain.clusters.k8s_manifests import (
 from raytrain.clusters.k8s_names import check_name
 from raytrain.clusters.profiles import K8sProfile
 from raytrain.config.plan import Plan
-from raytrain.errors import ClusterError, ConfigError
+from raytrain.errors import ClusterError, ConfigError, RaytrainError
 from raytrain.events import JobFacts
 from raytrain.status import JobInfo, job_state, rayjob_state
 from raytrain.targets.base import (
@@ -149,10 +149,15 @@ def job_metadata(plan: Plan) -> dict[str, str]:
     }
 
 
+STARTING_DEPLOYMENTS = ("", "New", "Initializing", "Waiting")  # KubeRay has not started the Ray job yet
+INIT_TIMEOUT_S = 900.0  # how long `submit`/`jobs logs -f` follow a RayJob whose cluster does not come up
+
+
 class RayJobTarget(Target):
     """``submit --k8s --rayjob``: the job's code is already on the cluster (image or remote URI)."""
 
     kind = "kuberay"
+    init_timeout_s = INIT_TIMEOUT_S
 
     def __init__(
         self,
@@ -414,13 +419,15 @@ class RayJobTarget(Target):
         """Status changes (one line each) and the submitter's log, until the RayJob ends. A log that cannot
         be read is said once (and again if it becomes readable and then fails again)."""
         last, seen, said = None, 0, None
+        since = time.monotonic()  # when the RayJob entered its current starting status
         while True:
             obj = self._get(job_id)
             status = obj.get("status") or {}
             line = describe_status(status)
             if line != last:
                 on_text(f"raytrain: RayJob {job_id}: {line}\n")
-                last = line
+                last, since = line, time.monotonic()
+            self._check_not_stuck(job_id, status, time.monotonic() - since)
             text, problem = self._submitter_log(job_id)
             if problem != said and problem:
                 on_text(f"raytrain: RayJob {job_id}: {problem}\n")
@@ -433,6 +440,20 @@ class RayJobTarget(Target):
             if rayjob_state(status).terminal:
                 return
             time.sleep(self.poll_s)
+
+    def _check_not_stuck(self, job_id: str, status: dict, seconds: float) -> None:
+        """A RayJob whose Ray cluster does not come up (pods that cannot be scheduled or pulled) would be
+        followed for ever: give up after ``init_timeout_s`` saying where to look; the RayJob stays."""
+        deployment = status.get("jobDeploymentStatus") or ""
+        if deployment not in STARTING_DEPLOYMENTS or status.get("jobStatus") or seconds <= self.init_timeout_s:
+            return
+        cluster = status.get("rayClusterName") or self.ray_cluster or job_id
+        raise RaytrainError(
+            f"RayJob {job_id} has been {deployment or 'New'} for {seconds:.0f} s: its Ray cluster {cluster} has not "
+            f"come up (`kubectl get pods -n {self.namespace} -l ray.io/cluster={cluster}` and `kubectl describe pod` "
+            f"say why: resources, image pull, volumes). The RayJob is still there; `raytrain jobs stop {job_id} "
+            "--k8s` removes it"
+        )
 
     def stop(self, job_id: str) -> bool:
         """Suspend a RayJob that owns its cluster (KubeRay stops the job and frees the pods); delete one
@@ -454,7 +475,12 @@ class RayJobTarget(Target):
         if after is None or (after.get("metadata") or {}).get("deletionTimestamp"):
             return f"{job_id}: RayJob deleted; KubeRay stops its Ray job on cluster {before.metadata.get('cluster')}"
         info = self.wait_until_ended(job_id, wait=wait, timeout_s=timeout_s)
-        return f"{job_id}: {info.state.value}" + ("" if info.state.terminal else " (stopping)")
+        if wait and not info.state.terminal:
+            raise RaytrainError(
+                f"{job_id} is still {info.state.value} {timeout_s:.0f} s after it was suspended: KubeRay has not "
+                f"stopped it (see `kubectl describe rayjob {job_id}`); run `raytrain jobs stop {job_id} --k8s` again"
+            )
+        return f"{job_id}: {info.state.value}" + ("" if info.state.terminal else " (stopping; not waited for)")
 
     def list(self) -> list[JobInfo]:
         items = self.rayjobs.list(label_selector=f"{MANAGED_BY}=raytrain")

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 from typing import Callable
 
 import raytrain
+from raytrain import events, placement
 from raytrain.capacity import Node
 from raytrain.clusters.dashboard import Dashboard, token_headers, user_token
 from raytrain.config.plan import Plan
@@ -15,6 +17,7 @@ from raytrain.events import JobFacts
 from raytrain.status import JobInfo, state_of
 from raytrain.targets import upload
 from raytrain.targets.base import (
+    RELEASE_WAIT_S,
     RUNTIME_ENV_VARS,
     SECRET_EXCLUDES,
     JobHandle,
@@ -161,6 +164,7 @@ class RayJobsTarget(Target):
             end_time=details.end_time / 1000 if details.end_time else None,
             metadata=meta,
             facts=facts,
+            ray_job_id=getattr(details, "job_id", None) or "",
         )
 
     def _call(self, what: str, fn, *args):
@@ -193,6 +197,34 @@ class RayJobsTarget(Target):
 
     def stop(self, job_id: str) -> bool:
         return bool(self._call("job stop", self.client.stop_job, job_id))
+
+    def held_by(self, ray_job_id: str) -> tuple[list[dict], list[dict]]:
+        """What a Ray job still holds: its live actors that die with it (workers, controller) and its live
+        placement groups."""
+        actors = [a for a in self.dashboard.live_actors(ray_job_id) if not a.get("is_detached")]
+        return actors, placement.of_job(self.dashboard.placement_groups(), ray_job_id)
+
+    def release(self, info: JobInfo, timeout_s: float = RELEASE_WAIT_S, poll_s: float = 1.0) -> str:
+        if not info.ray_job_id:
+            return ""  # the driver never started: it placed nothing
+        deadline = time.monotonic() + timeout_s
+        actors, groups = self.held_by(info.ray_job_id)
+        while (actors or groups) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            actors, groups = self.held_by(info.ray_job_id)
+        removed = ""
+        if groups and not actors:  # Ray leaked them (a job stopped while its workers start): remove them
+            self.run_utility("raytrain.runtime.placement_watch", events.CLEANED)
+            actors, groups = self.held_by(info.ray_job_id)
+            removed = " (removed the placement group Ray leaked)"
+        if actors or groups:
+            held = [f"{len(actors)} actor(s) ({', '.join(sorted({a.get('class_name', '?') for a in actors}))})"
+                    if actors else "", f"{len(groups)} placement group(s)" if groups else ""]
+            raise RaytrainError(
+                f"{info.job_id} stopped, but {' and '.join(h for h in held if h)} of it still exist "
+                f"{timeout_s:.0f} s later on {self.address}; `raytrain cluster down` frees them"
+            )
+        return f"; its workers and placement groups are gone{removed}"
 
     def run_utility(self, module: str, event_kind: str, timeout_s: float = 120.0) -> dict:
         """Run ``python -m MODULE`` as a short Ray job and return the event it prints (e.g. GPU inventory)."""

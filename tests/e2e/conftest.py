@@ -55,7 +55,7 @@ def e2e_env():
     try:
         yield cli
     finally:
-        cli("cluster", "down", timeout=120)
+        cli("cluster", "down", "--force", timeout=120)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(temp_dir, ignore_errors=True)
 

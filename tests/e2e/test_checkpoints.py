@@ -57,7 +57,7 @@ def test_stop_then_resume_continues_where_it_stopped(cli):
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and 3 not in cli.facts(run).checkpoints:
         time.sleep(1)
-    assert cli("jobs", "stop", run, check=True).stdout.strip().endswith("stopped")
+    assert f"{run}: stopped; its workers and placement groups are gone" in cli("jobs", "stop", run, check=True).stdout
     stopped_at = cli.facts(run).metrics[-1]["step"]
     assert stopped_at < 9
 

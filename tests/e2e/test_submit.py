@@ -3,6 +3,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +27,7 @@ def assert_loss_falls(losses, steps):
 
 def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     cli = e2e_env
-    cli("cluster", "down", check=True, timeout=120)  # whatever ran before: submit must start it
+    cli("cluster", "down", "--force", check=True, timeout=120)  # whatever ran before: submit must start it
     assert "no local Ray cluster" in cli("cluster", "status").stdout
     proc = cli("submit", JOBS / "cnn.py", "--workers", "2", "--zero", "1", "--precision", "bf16",
                "--grad-accum", "2", "--micro-batch", "16", "--", "--steps", "12")
@@ -111,27 +112,57 @@ def test_a_failing_job_exits_1_with_its_error(cli, tmp_path):
     assert info["state"] == "failed" and info["error"]["type"] == "ValueError"
 
 
-def test_jobs_stop_frees_the_workers_for_the_next_job(cli):
-    proc = cli("submit", JOBS / "gpt_zero.py", "--workers", "2", "--name", "long-run", "--no-wait",
-               "--json", "--", "--steps", "100000")
-    assert proc.returncode == 0, proc.stderr
-    job = json.loads(proc.stdout)["id"]
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        info = cli.json("jobs", "status", job)
-        if info["last_metrics"]:
-            break
-        assert info["state"] in ("pending", "running"), info
-        time.sleep(2)
-    assert info["state"] == "running" and info["last_metrics"]["step"] >= 1
+SLEEPY = Path(__file__).parent / "jobs" / "sleepy.py"
 
-    stopped = cli("jobs", "stop", job, check=True)
-    assert f"{job}: stopped" in stopped.stdout
-    # both CPUs are free again: a second 2-worker job runs to the end
-    proc = cli("submit", JOBS / "cnn.py", "--workers", "2", "--micro-batch", "8", "--", "--steps", "3",
-               timeout=240)
+
+def _sleepy(cli, *args, seconds="600"):
+    proc = cli("submit", SLEEPY, "--workers", "2", "--no-wait", "--json", *args, "--", seconds, check=True)
+    return json.loads(proc.stdout)["id"]
+
+
+def _until(what, probe, timeout=300):
+    """Poll ``probe()`` until it returns something truthy (an observable state, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def _placed(cli, job):
+    return '"event":"placed"' in cli("jobs", "logs", job, check=True).stdout
+
+
+def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_up(cli):
+    """Stopping a job while its workers start frees them (Ray 2.60 can leak the placement group: `jobs stop`
+    waits for it and removes it); a job that waits behind another is pending, names the holder, and gives up
+    after --start-timeout; once the holder is stopped a 2-worker job runs to the end."""
+    starting = _sleepy(cli)
+    _until("the first job's workers are placed", lambda: _placed(cli, starting))
+    stopped = cli("jobs", "stop", starting)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"{starting}: stopped; its workers and placement groups are gone" in stopped.stdout
+
+    holder = _sleepy(cli)
+    _until("the holder's workers are placed", lambda: _placed(cli, holder))
+    waiter = _sleepy(cli, "--start-timeout", "30", seconds="1")
+    shown = _until("the second job is pending, saying what it waits for",
+                   lambda: (lambda out: out if "waiting " in out else None)(
+                       cli("jobs", "status", waiter, check=True).stdout))
+    assert "state     pending" in shown and f"waiting   2 CPU; 2 CPU held by job {holder}" in shown, shown
+    info = _until("the waiting job gives up", lambda: (lambda i: i if i["state"] != "pending" else None)(
+        cli.json("jobs", "status", waiter)), timeout=180)
+    assert info["state"] == "failed" and info["error"]["type"] == "StartTimeout", info
+    assert f"within 30 s (--start-timeout): waiting for 2 CPU; 2 CPU held by job {holder}" in info["error"]["message"]
+
+    down = cli("cluster", "down")  # no terminal to ask on: refused while the holder runs
+    assert down.returncode == 2 and holder in down.stdout and "give --force" in down.stderr, down.stdout + down.stderr
+    assert "stopped; its workers and placement groups are gone" in cli("jobs", "stop", holder, check=True).stdout
+    proc = cli("submit", SLEEPY, "--workers", "2", "--", "1", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert cli.json("jobs", "status", job)["state"] == "stopped"
+    assert cli.json("jobs", "status", holder)["state"] == "stopped"
 
 
 def test_secrets_in_the_job_folder_are_never_shipped(cli, tmp_path):

@@ -111,3 +111,31 @@ def test_the_shipped_manifests_pass_the_servers_schema(kube, namespace):
         doc["metadata"]["namespace"] = namespace
         obj = RayObjects(kube, plural, namespace).apply(doc)
         assert obj["spec"] == doc["spec"]
+
+
+def test_a_raycluster_raytrain_did_not_make_is_never_taken_over_or_deleted(cli, namespace, rayclusters):
+    theirs = render_raycluster(load_cluster_profile(EXAMPLE), "theirs", namespace)
+    del theirs["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    rayclusters.apply(theirs)
+    before = rayclusters.get("theirs")
+    base = ("--k8s", "--profile", EXAMPLE, "--namespace", namespace, "--name", "theirs")
+    for command in ("up", "down"):
+        r = cli("cluster", command, *base)
+        assert r.exit_code == 2, r.output
+        assert f"RayCluster {namespace}/theirs was not made by raytrain" in r.output
+    after = rayclusters.get("theirs")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def test_down_refuses_while_rayjobs_use_the_raycluster_unless_forced(cli, namespace, rayclusters, rayjobs):
+    base = ("--k8s", "--profile", EXAMPLE, "--namespace", namespace, "--name", "shared")
+    assert cli("cluster", "up", *base).exit_code == 0
+    rayjobs.apply({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "uses-it", "namespace": namespace},
+                   "spec": {"entrypoint": "python -m raytrain.runtime.driver",
+                            "clusterSelector": {"ray.io/cluster": "shared"}}})
+    rayjobs.merge_patch("uses-it", {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}, status=True)
+    r = cli("cluster", "down", *base)
+    assert r.exit_code == 2 and "RayJob uses-it (running)" in r.output and "give --force" in r.output, r.output
+    assert rayclusters.get("shared") is not None
+    r = cli("cluster", "down", *base, "--force")
+    assert r.exit_code == 0 and rayclusters.get("shared") is None, r.output

@@ -220,7 +220,7 @@ def two_nodes():
 
     def start_node2() -> None:
         kill_netns()
-        node2_cli("cluster", "down", timeout=60)  # forget a killed node's record
+        node2_cli("cluster", "down", "--force", timeout=60)  # forget a killed node's record
         cmd = [
             "ip", "netns", "exec", NETNS, "unshare", "--mount", "--propagation", "private",
             "sh", "-c", _NODE2_SHELL, "sh", str(node_local_dir),
@@ -251,8 +251,8 @@ def two_nodes():
         print(f"\ntwo_nodes: head + node 2 up in {nodes.startup_s:.1f} s")
         yield nodes
     finally:
-        node2_cli("cluster", "down", timeout=90)
-        head_cli("cluster", "down", timeout=90)
+        node2_cli("cluster", "down", "--force", timeout=90)
+        head_cli("cluster", "down", "--force", timeout=90)
         _teardown_network()
         for path in made:
             shutil.rmtree(path, ignore_errors=True)

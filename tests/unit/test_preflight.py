@@ -98,3 +98,13 @@ def test_a_gpu_job_whose_worker_got_no_gpu_is_refused_naming_it():
     d = decide([with_gpu, HEAD], None, gpus_per_worker=1)
     assert len(d.problems) == 1 and "rank 1 on head (10.1.0.1) was given no GPU" in d.problems[0]
     assert decide([with_gpu], None, gpus_per_worker=1).problems == []
+
+
+def test_a_worker_that_does_not_answer_is_named_instead_of_waited_for():
+    from raytrain.runtime.preflight import ANSWER_TIMEOUT_S, PreflightError, no_answer_error, unanswered
+
+    refs = ["ref0", "ref1", "ref2"]
+    assert unanswered(refs, ["ref2", "ref1"]) == [1, 2]
+    err = no_answer_error("connecting to rank 0", [1, 2], ANSWER_TIMEOUT_S)
+    assert isinstance(err, PreflightError)
+    assert str(err).startswith("preflight: worker rank(s) 1, 2 did not answer (connecting to rank 0) within 60 s")

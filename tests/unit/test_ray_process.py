@@ -53,3 +53,29 @@ def test_up_and_join_refuse_bad_flags_before_starting_anything(raytrain_home, tm
     assert r.exit_code == 2 and ">= 0" in r.output
     assert not (raytrain_home / "cluster.json").exists() and not (raytrain_home / "node.json").exists()
     assert "no local Ray cluster is running" in run("cluster", "down").output
+
+
+def test_down_never_stops_a_process_that_only_reuses_the_recorded_pid(raytrain_home):
+    """After a reboot the record's pid may name another process: the start time tells them apart."""
+    import json
+    import subprocess
+
+    from raytrain.clusters import local_head
+
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        started = ray_process.started_at(other.pid)
+        assert started is not None
+        record = {"pid": other.pid, "dashboard_url": "http://127.0.0.1:1", "gcs_address": "127.0.0.1:2",
+                  "temp_dir": str(raytrain_home / "tmp"), "token_path": "", "log_path": "", "started_at": 0.0}
+        raytrain_home.mkdir(parents=True, exist_ok=True)
+        path = raytrain_home / "cluster.json"
+        path.write_text(json.dumps({**record, "pid_started": started}))
+        assert local_head.current() is not None and local_head.current().process_alive()  # the same process
+        path.write_text(json.dumps({**record, "pid_started": started - 3600}))  # the head that had this pid
+        assert "no local Ray cluster is running" in run("cluster", "down").output
+        assert other.poll() is None, "cluster down stopped a process that was not its head"
+        assert not path.exists()  # the stale record is gone
+    finally:
+        other.kill()
+        other.wait()

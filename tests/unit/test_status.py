@@ -102,3 +102,21 @@ def test_a_submitter_pod_gone_between_list_and_read_is_no_log_yet(monkeypatch):
     target = _unreadable(monkeypatch, NotFound("read the log of pod cnn-x-submitter: not found"))
     assert target.status("cnn-x").warnings() == []
     assert target.logs("cnn-x").startswith("raytrain: no log for RayJob cnn-x yet")
+
+
+def test_following_a_rayjob_stuck_initializing_gives_up_saying_where_to_look(monkeypatch):
+    from raytrain.errors import RaytrainError
+
+    stuck = {"jobDeploymentStatus": "Initializing", "rayClusterName": "cnn-x-raycluster-abc"}
+    target = _target(monkeypatch, stuck, "")
+    target.poll_s, target.init_timeout_s = 0.01, 0.2
+    lines = []
+    with pytest.raises(RaytrainError, match=r"RayJob cnn-x has been Initializing for \d+ s: its Ray cluster "
+                                            r"cnn-x-raycluster-abc has not come up") as err:
+        target.follow("cnn-x", lines.append)
+    assert "kubectl get pods -n team -l ray.io/cluster=cnn-x-raycluster-abc" in str(err.value)
+    assert err.value.exit_code == 1
+    assert lines == ["raytrain: RayJob cnn-x: deployment Initializing, cluster cnn-x-raycluster-abc\n"]
+    running = _target(monkeypatch, {**RUNNING_RAYJOB, "rayClusterName": "c"}, "")
+    running.init_timeout_s = 0.0
+    running._check_not_stuck("cnn-x", RUNNING_RAYJOB, 10.0)  # started: never stuck

@@ -26,3 +26,12 @@ def test_markers_are_written_for_real(tmp_path):
     assert write_marker(str(tmp_path / "runs"), "m") is None and (tmp_path / "runs" / "m").exists()
     (tmp_path / "file").write_text("")
     assert "Error" in write_marker(str(tmp_path / "file" / "sub"), "m")
+
+
+def test_a_node_whose_marker_write_hangs_is_named_instead_of_waited_for():
+    from raytrain.storage import late_answer
+
+    problem = storage_problem("/mnt/nfs/runs", {"10.0.0.1": True, "10.0.0.2": late_answer("/mnt/nfs/runs")})
+    assert problem == ("--storage /mnt/nfs/runs: not every node can write it (10.0.0.2: writing a marker into "
+                       "/mnt/nfs/runs did not finish within 60 s (a hung mount?)); use a path every node mounts "
+                       "read-write")

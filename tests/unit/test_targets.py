@@ -115,3 +115,25 @@ def test_the_local_cluster_turns_off_ray_train_processes_it_has_no_use_for(raytr
     plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=1, gpus_per_worker=0,
                            env={"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}), cluster_has_gpus=False)
     assert _local(tmp_path).dry_run(plan).runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+
+
+@pytest.mark.parametrize("flags, named", [
+    ({"checkpoint_every": 5}, "--checkpoint-every 5"),
+    ({"max_failures": 2}, "--max-failures 2"),
+    ({"workers": "1-2", "train_batch": 2}, "--workers 1-2"),
+])
+def test_recovery_without_shared_storage_is_refused_off_this_machine(flags, named, raytrain_home, tmp_path):
+    """Checkpoints on one node's disk (or a RayJob's cluster, deleted after the job) cannot be resumed from."""
+    from raytrain import api
+    from raytrain.clusters.profiles import default_k8s_profile
+
+    options = dict(job=str(JOBS / "cnn.py"), gpus_per_worker=1, **flags)
+    no_storage_rayjob = RayJobTarget(Conn(), profile=default_k8s_profile(), namespace="team", working_dir="/app")
+    for target in (_address(tmp_path), no_storage_rayjob):
+        with pytest.raises(ConfigError, match=f"{named} on .* with no --storage") as err:
+            api.dry_run(Options(**options), target)
+        assert err.value.flag == "--storage"
+        api.dry_run(Options(**options, storage="s3://bucket/runs"), target)  # shared storage: fine
+    api.dry_run(Options(**options), _rayjob(tmp_path))  # the profile's PVC is the default storage
+    api.dry_run(Options(**options), _local(tmp_path))  # this machine: the storage is here
+    api.dry_run(Options(job=str(JOBS / "cnn.py"), gpus_per_worker=1), _address(tmp_path))  # nothing to recover
