@@ -22,7 +22,7 @@ from raytrain.errors import ClusterError
 
 DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
 DEFAULT_DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_DASHBOARD_PORT", 8265))
-START_TIMEOUT_S = 90.0
+START_TIMEOUT_S = 180.0  # `ray start` takes ~15 s on 2 idle cores; far longer on a loaded machine
 LOOPBACK = "127.0.0.1"
 # Ray 2.60 rewrites --node-ip-address=127.0.0.1 to the machine's network address; this setting (its switch
 # for single-machine Ray on macOS/Windows) makes every Ray process of the node use 127.0.0.1 instead.
