@@ -27,6 +27,7 @@ WAITING = "waiting"  # driver: the workers cannot be placed yet; what they wait 
 PLACED = "placed"  # driver: the workers' placement group is placed (their processes start now)
 CLEANED = "cleaned"  # driver or `jobs stop`: placement groups that ended jobs leaked were removed
 TIMING = "timing"  # any side: a start-up phase reached (raytrain.timings), with its wall-clock time
+DATASET = "dataset"  # driver: a --data dataset is ready (name, rows after preprocessing)
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 
@@ -71,6 +72,7 @@ class JobFacts:
     timings: list[dict] = field(default_factory=list)  # raytrain.timings reduces them
     waiting: dict | None = None  # the workers wait to be placed (message: for what, held by whom)
     cleaned: list[str] = field(default_factory=list)  # leaked placement groups the driver removed
+    datasets: dict[str, dict] = field(default_factory=dict)  # --data NAME -> its dataset event
     finished: dict | None = None
     error: dict | None = None
 
@@ -108,6 +110,8 @@ class JobFacts:
             self.resized.append(event)
         elif kind == TIMING:
             self.timings.append(event)
+        elif kind == DATASET:
+            self.datasets[str(event.get("name"))] = event
         elif kind == FINISHED:
             self.finished = event
         elif kind in (ERROR, CAPACITY, INVALID):

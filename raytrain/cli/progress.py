@@ -70,8 +70,10 @@ def describe_metrics(m: dict) -> str:
         parts.append(f"{m['samples_per_s']:.1f} samples/s")
     if isinstance(m.get("step_time_s"), (int, float)):
         parts.append(f"{m['step_time_s'] * 1000:.0f} ms/step")
+    if isinstance(m.get("data_wait_s"), (int, float)):
+        parts.append(f"data wait {m['data_wait_s'] * 1000:.0f} ms/step")
     for key, value in m.items():
-        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "elapsed_s", "wall_time") or key.endswith("_gb"):
+        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "data_wait_s", "elapsed_s", "wall_time") or key.endswith("_gb"):
             continue
         if isinstance(value, float):
             parts.append(f"{key} {value:.4g}")

@@ -62,6 +62,23 @@ def target_options_from_flags(options: Options, flags: dict) -> TargetOptions:
     )
 
 
+PREPROCESS_WHERE = (
+    "read and preprocessed (the job's preprocess(dataset, ctx), if any) by Ray Data tasks on the cluster's CPUs, "
+    "once, before the workers start"
+)
+
+
+def describe_data(plan) -> list[str]:
+    """--dry-run's lines about the datasets: what is read, how, and where preprocessing runs."""
+    if not plan.data:
+        return []
+    from raytrain.config.data import describe
+
+    lines = [f"data        {line}" for line in describe(plan.data)]
+    lines.append(f"            {PREPROCESS_WHERE}; each worker iterates its own shard, prefetch {plan.prefetch}")
+    return lines
+
+
 def _dry_run_summary(request, plan) -> dict:
     """What `submit --dry-run --json` prints for a Ray Jobs API request."""
     return {
@@ -83,6 +100,7 @@ def _dry_run_summary(request, plan) -> dict:
             "global_batch": plan.train_batch,
         },
         "mode": plan.mode,
+        "data": {"datasets": plan.data, "prefetch": plan.prefetch, "preprocess": PREPROCESS_WHERE} if plan.data else None,
         "plan": plan.to_dict(),
     }
 
@@ -112,6 +130,8 @@ def _print_dry_run(request, as_json: bool) -> None:
         f"scaling     {plan.scaling.workers_label} worker(s) x {plan.scaling.resources_per_worker}"
         f"{' (GPU)' if plan.scaling.use_gpu else ' (CPU, gloo)'}"
     )
+    for line in describe_data(plan):
+        click.echo(line)
     click.echo("deepspeed")
     print_json(plan.deepspeed)
 

@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from raytrain.config.data import FORMATS, parse_data_pairs
 from raytrain.errors import ConfigError
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -102,6 +103,16 @@ class Options:
         "Environment for the job (repeatable).", metavar="KEY=VALUE", multiple=True, from_flag=parse_env_pairs,
         default_factory=dict,
     )
+    data: dict[str, str] = option(  # profile: data: {train: PATH, eval: PATH}
+        "A dataset the job reads with ctx.dataset(NAME) (repeatable): a file, folder, glob or URI of JSON Lines, "
+        "Parquet, CSV or text files, or a Hugging Face save_to_disk folder; a bare PATH is NAME=train.",
+        metavar="NAME=PATH", multiple=True, from_flag=parse_data_pairs, default_factory=dict,
+    )
+    data_format: str | None = option("The --data format when the extension does not tell.", choices=FORMATS)
+    prefetch: int | None = option(
+        "Batches ctx.dataset prepares ahead of the training step; 0 = none. Default {default}.", type=int,
+        metavar="N", default=2,
+    )
     checkpoint_every: int | None = option(  # steps; 0 = only when the job asks
         "Checkpoint every N steps (and at the end).", type=int, default=0
     )
@@ -156,7 +167,7 @@ class Options:
         values = {}
         for f in dataclasses.fields(self):
             mine, theirs = getattr(self, f.name), getattr(base, f.name)
-            if f.name == "env":
+            if f.name in ("env", "data"):
                 values[f.name] = {**theirs, **mine}
             elif f.name == "job_args":
                 values[f.name] = mine or theirs

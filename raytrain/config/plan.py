@@ -59,6 +59,8 @@ class Plan:
     interface: str | None = None  # the network interface every worker must use (--interface)
     timeout_s: float = DEFAULTS["timeout"]  # torch.distributed process-group timeout (--timeout)
     start_timeout_s: float = DEFAULTS["start_timeout"]  # how long the workers may wait to be placed
+    data: list[dict[str, str]] = field(default_factory=list)  # --data: [{"name", "path", "format"}]
+    prefetch: int = DEFAULTS["prefetch"]  # --prefetch: batches ctx.dataset prepares ahead
     mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
 
     def to_dict(self) -> dict[str, Any]:

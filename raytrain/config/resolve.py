@@ -21,6 +21,7 @@ from raytrain.config.batch import Sources, batch_sizes
 from raytrain.config.checks import check_int, check_number
 from raytrain.config.deepspeed import deepspeed_dict, ds_origins, load_ds_config, merge_under_flags
 from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
+from raytrain.config.data import parse_data_pairs, resolve_data
 from raytrain.config.jobfile import JobFile, check_job_file
 from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options
 from raytrain.config.parallel import check_parallel, check_zero3_keys
@@ -130,6 +131,19 @@ def _grad_clip(opts: Options, job: JobFile) -> Options:
     return dataclasses.replace(opts, grad_clip=check_number("grad_clip", opts.grad_clip, 0, strict=False))
 
 
+def _data(opts: Options, job: JobFile) -> tuple[list[dict[str, str]], int]:
+    """--data/--data-format checked (local paths must exist), and --prefetch."""
+    data = opts.data
+    if isinstance(data, str):  # a profile's `data: PATH`
+        data = {"train": data}
+    datasets = resolve_data(parse_data_pairs(data or {}), opts.data_format)
+    if datasets and job.mode == "script":
+        raise ConfigError(
+            "--data: a script reads its own data; ctx.dataset needs a train(ctx) job", flag="--data"
+        )
+    return datasets, check_int("prefetch", _or_default(opts, "prefetch"), 0)
+
+
 def _or_default(opts: Options, name: str):
     value = getattr(opts, name)
     return DEFAULTS[name] if value is None else value
@@ -152,6 +166,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     timeout_s = check_number("timeout", _or_default(opts, "timeout"), 0, strict=True)
     start_timeout_s = check_number("start_timeout", _or_default(opts, "start_timeout"), 0, strict=False)
     interface = _interface(opts.interface)
+    datasets, prefetch = _data(opts, job)
 
     tp = check_int("tp", _or_default(opts, "tp"), 1)
     pp = check_int("pp", _or_default(opts, "pp"), 1)
@@ -176,5 +191,6 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         checkpoint_every=checkpoint_every, keep=keep, max_failures=max_failures, resume=opts.resume,
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
-        interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode,
+        interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,
+        prefetch=prefetch,
     )

@@ -126,6 +126,8 @@ def load(engine: Any, directory: str, *, rank: int, world_size: int, universal: 
     state = torch.load(state_path, weights_only=False) if state_path.exists() else {}
     if state.get("rng"):
         _set_rng_state(state["rng"])
+    elif (d / STATE_FILE.format(rank=0)).exists():  # a rank the saving run did not have: rank 0's job state
+        state = {"user_state": torch.load(d / STATE_FILE.format(rank=0), weights_only=False).get("user_state")}
     return int(saved.step), dict(state.get("user_state") or {})
 
 

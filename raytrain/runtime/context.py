@@ -11,11 +11,15 @@ from typing import Any
 from raytrain import timings
 from raytrain.config.plan import Plan
 from raytrain.runtime.checkpointer import Checkpointer
+from raytrain.runtime.data import Position, ShardBatches
 from raytrain.runtime.engine import build_engine
 from raytrain.runtime.memory_estimate import emit_estimate
 from raytrain.runtime.parallel import build_pipeline, prepare_tensor_parallel
 from raytrain.runtime.reporter import Reporter
 from raytrain.runtime.resize import fit_to_world_size
+
+
+DATA_KEY = "__raytrain_data__"  # the datasets' positions inside a checkpoint's saved state
 
 
 class TrainContext:
@@ -62,6 +66,9 @@ class TrainContext:
         self.start_step = 0
         self.resumed_from: str | None = None
         self._reporter = Reporter(rank=rank, train_batch=self.train_batch)
+        self._positions: dict[str, Position] = {}  # each --data dataset's position, saved with checkpoints
+        self._loaders: list[ShardBatches] = []
+        self._reported_wait_s = 0.0
 
     @property
     def checkpoint_every(self) -> int:
@@ -152,11 +159,73 @@ class TrainContext:
 
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
 
+    # -- data -------------------------------------------------------------------------------------
+    def dataset(
+        self,
+        name: str = "train",
+        batch_size: int | None = None,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        epochs: int | None = None,
+        map_batches: Any = None,
+        columns: list[str] | None = None,
+        shuffle_window: int = 10_000,
+    ) -> ShardBatches:
+        """This data-parallel rank's batches of ``--data NAME=PATH``: dicts of torch tensors on ``ctx.device``
+        (text columns stay lists of str), ``batch_size`` rows each (default ``ctx.micro_batch``).
+
+        Shards are disjoint and cover the dataset exactly once per epoch; the order is deterministic for
+        ``seed`` (``shuffle=True``: shuffled per epoch in windows of ``shuffle_window`` rows). ``epochs``:
+        how many epochs in all (None: until the job stops reading). ``map_batches``: a function of a dict
+        of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
+        in the job's ``preprocess(dataset, ctx)``, run by Ray Data). ``columns``: only these columns. The
+        position (epoch, rows consumed) is saved with every checkpoint and restored with it, also onto
+        another number of workers. Call ``ctx.deepspeed()`` before iterating, so the position is restored.
+        """
+        import ray.train
+
+        from raytrain.runtime.data_source import quiet_ray_data
+
+        quiet_ray_data()
+        known = [d["name"] for d in self.plan.data]
+        if name not in known:
+            given = ", ".join(known) or "none"
+            raise ValueError(f"ctx.dataset({name!r}): no such dataset; --data gave: {given} (use --data {name}=PATH)")
+        loader = ShardBatches(
+            ray.train.get_dataset_shard(name), rank=self.dp_rank, size=self.dp_size,
+            batch_size=int(batch_size or self.micro_batch), position=self._positions.setdefault(name, Position()),
+            epochs=epochs, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window,
+            prefetch=int(self.plan.prefetch), device=self.device, map_batches=map_batches, columns=columns,
+        )
+        self._loaders.append(loader)
+        return loader
+
+    def data_position(self, name: str = "train") -> dict[str, int]:
+        """Where ``ctx.dataset(name)`` is: {"epoch", "rows"} (global rows of the epoch already handed out)."""
+        return self._positions.setdefault(name, Position()).to_dict()
+
+    def _data_wait(self) -> float | None:
+        """Seconds the job waited for data since the last report (None without ctx.dataset)."""
+        if not self._loaders:
+            return None
+        total = sum(loader.wait_s for loader in self._loaders)
+        waited, self._reported_wait_s = total - self._reported_wait_s, total
+        return waited
+
+    def _saved_state(self) -> dict[str, Any]:
+        if not self._positions:
+            return self.state
+        return {**self.state, DATA_KEY: {k: p.to_dict() for k, p in self._positions.items()}}
+
     def _restore(self) -> None:
         restored = self._checkpoints.restore(self.engine)
         if restored is None:
             return
         step, self.state = restored
+        for name, pos in (self.state.pop(DATA_KEY, None) or {}).items():
+            position = self._positions.setdefault(name, Position())
+            position.epoch, position.rows = int(pos["epoch"]), int(pos["rows"])
         self.start_step = step
         self._reporter.resume_at(step)
         self.resumed_from = self._checkpoints.restore_from
@@ -173,21 +242,23 @@ class TrainContext:
         from the global batch. A checkpoint is saved every ``--checkpoint-every`` steps, or when
         ``checkpoint=True`` (every rank must pass the same value).
         """
-        clean = self._reporter.report(metrics, engine_step=getattr(self.engine, "global_steps", None))
+        clean = self._reporter.report(
+            metrics, engine_step=getattr(self.engine, "global_steps", None), data_wait_s=self._data_wait()
+        )
         if not self._first_step_marked:
             self._first_step_marked = True
             timings.emit("first_step", rank=self.rank)
         if checkpoint is None:
             checkpoint = self._checkpoints.due(int(clean["step"]))
         if checkpoint and self.engine is not None:
-            self._checkpoints.save(self.engine, clean, self.state)
+            self._checkpoints.save(self.engine, clean, self._saved_state())
 
     def finish(self) -> None:
         """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;
         every worker's peak memory."""
         last = self._reporter.last_metrics
         if self.engine is not None and self._checkpoints.final_save_needed(last):
-            self._checkpoints.save(self.engine, dict(last), self.state)
+            self._checkpoints.save(self.engine, dict(last), self._saved_state())
         self._reporter.finish()
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 
-from raytrain import events
+from raytrain import events, timings
 from raytrain.capacity import Node, capacity_problem
 from raytrain.config.plan import Plan
 from raytrain.events import emit
@@ -87,6 +87,28 @@ def restart_announcer(max_failures: int):
     return AnnounceRestarts()
 
 
+def load_datasets(plan: Plan) -> tuple[dict, str | None]:
+    """TorchTrainer's ``datasets=`` and ``dataset_config=`` for ``--data`` (read, preprocessed by the job's
+    ``preprocess(dataset, ctx)`` and materialized by Ray Data), or the one-line reason they cannot be."""
+    if not plan.data:
+        return {}, None
+    from raytrain.runtime import data_source
+
+    preprocess = None
+    if plan.mode == "train":
+        from raytrain.runtime.job_file import load_job
+
+        preprocess = getattr(load_job(plan.job_module), "preprocess", None)
+    try:
+        datasets = data_source.build(plan, preprocess)
+    except data_source.DataError as exc:
+        return {}, str(exc)
+    for name, ds in datasets.items():
+        emit(events.DATASET, name=name, rows=ds.count(), preprocess=preprocess is not None)
+    timings.emit("data_ready")
+    return {"datasets": datasets, "dataset_config": data_source.data_config()}, None
+
+
 def read_plan() -> Plan:
     """The plan the CLI resolved, from ``$RAYTRAIN_PLAN`` (missing fields take the Plan's defaults)."""
     return Plan.from_dict(json.loads(os.environ["RAYTRAIN_PLAN"]))
@@ -125,8 +147,6 @@ def watch_placement(plan: Plan):
 
 
 def main() -> int:
-    from raytrain import timings
-
     for phase, t in timings.from_env().items():  # the client's marks (command, request built, submitted)
         timings.emit(phase, t)
     timings.emit("driver_started", timings.process_start_time())
@@ -167,6 +187,11 @@ def main() -> int:
             emit(events.INVALID, message=str(exc))
             return EXIT_CANNOT_RUN
 
+    datasets, problem = load_datasets(plan)
+    if problem:
+        emit(events.ERROR, type="DataError", rank=None, message=problem)
+        return EXIT_TRAINING_FAILED
+
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -192,6 +217,7 @@ def main() -> int:
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from},
+        **datasets,
         torch_config=torch_config(timeout_s=float(plan.timeout_s), interface=plan.interface),
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,

@@ -45,7 +45,9 @@ class Reporter:
         """Count throughput from ``step`` (a restored run's first report covers the steps after it)."""
         self._last_step = step
 
-    def step_metrics(self, metrics: dict[str, Any], *, engine_step: int | None = None) -> dict[str, Any]:
+    def step_metrics(
+        self, metrics: dict[str, Any], *, engine_step: int | None = None, data_wait_s: float | None = None
+    ) -> dict[str, Any]:
         """``metrics`` as floats plus ``step`` (given, else ``engine_step``, else the count of reports),
         ``samples_per_s`` and ``step_time_s`` (over the steps since the last report), ``elapsed_s``,
         ``wall_time`` and the memory sampler's readings; a key the job gave is kept as given."""
@@ -61,6 +63,8 @@ class Reporter:
         if steps_done and dt > 0:
             clean.setdefault("samples_per_s", round(steps_done * self.train_batch / dt, 3))
             clean.setdefault("step_time_s", round(dt / steps_done, 4))
+        if data_wait_s is not None:  # seconds per step the job waited for ctx.dataset's next batch
+            clean.setdefault("data_wait_s", round(data_wait_s / max(steps_done, 1), 5))
         self._last_time, self._last_step = now, int(step)
         clean.setdefault("elapsed_s", round(now - self._started, 3))
         clean.setdefault("wall_time", round(time.time(), 3))
@@ -70,10 +74,12 @@ class Reporter:
         self.last_metrics = clean
         return clean
 
-    def report(self, metrics: dict[str, Any], *, engine_step: int | None = None) -> dict[str, Any]:
+    def report(
+        self, metrics: dict[str, Any], *, engine_step: int | None = None, data_wait_s: float | None = None
+    ) -> dict[str, Any]:
         """One step's report: the metrics event (rank 0) and, at most every 10 s, a memory event. Returns the
         metrics as emitted."""
-        clean = self.step_metrics(metrics, engine_step=engine_step)
+        clean = self.step_metrics(metrics, engine_step=engine_step, data_wait_s=data_wait_s)
         if self.rank == 0:
             events.emit(events.METRICS, **clean)
         self.memory_event()

@@ -116,8 +116,10 @@ def test_every_flag_reaches_its_option():
     flagged = [n for n, s in SPECS.items() if s.flag]
     flags = {name: _sample(name) for name in flagged}
     flags["env"] = ("A=1", "B=x=y")  # as Click gives a repeatable flag
+    flags["data"] = ("train=a.jsonl", "eval=b=c.csv")
     opts = options_from_flags("job.py", ("--x",), **flags)
-    expected = {**flags, "env": {"A": "1", "B": "x=y"}, "job": "job.py", "job_args": ["--x"]}
+    expected = {**flags, "env": {"A": "1", "B": "x=y"}, "data": {"train": "a.jsonl", "eval": "b=c.csv"},
+                "job": "job.py", "job_args": ["--x"]}
     assert {k: getattr(opts, k) for k in expected} == expected
     assert all(getattr(opts, n) is None for n, s in SPECS.items() if not s.flag and n not in ("job", "job_args"))
     with pytest.raises(ConfigError, match="--env NOEQ: expected KEY=VALUE"):

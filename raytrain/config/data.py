@@ -1,0 +1,119 @@
+"""``--data NAME=PATH`` and ``--data-format``: which datasets a job reads, in which format (pure, no Ray).
+
+A PATH is a file, a folder, a glob, or a URI (``s3://``, ``gs://``, ...). The format comes from the file
+extension (``.jsonl``/``.json``, ``.parquet``, ``.csv``, ``.txt``), from a folder written by Hugging Face
+``datasets``' ``save_to_disk`` (``dataset_info.json`` + ``*.arrow``), or from ``--data-format``. Local
+paths the CLI can see are checked before submitting; a URI is read by the cluster.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import re
+from pathlib import Path
+
+from raytrain.errors import ConfigError
+
+FORMATS = ("json", "parquet", "csv", "text", "hf")
+EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$")
+HF_MARKERS = ("dataset_info.json", "state.json")
+
+
+def parse_data_pairs(pairs: tuple[str, ...] | list[str] | dict) -> dict[str, str]:
+    """``--data NAME=PATH`` (repeatable), or a profile's ``data: {train: PATH}`` -> {NAME: PATH}."""
+    if isinstance(pairs, dict):
+        return {str(k): str(v) for k, v in pairs.items()}
+    data: dict[str, str] = {}
+    for pair in pairs or ():
+        name, sep, path = str(pair).partition("=")
+        if not sep:  # a bare PATH is the training set
+            name, path = "train", str(pair)
+        if not name or not path:
+            raise ConfigError(f"--data {pair}: expected NAME=PATH, e.g. --data train=corpus.jsonl", flag="--data")
+        if name in data:
+            raise ConfigError(f"--data {pair}: dataset {name!r} given twice", flag="--data")
+        data[name] = path
+    return data
+
+
+def is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _format_of_files(spec: str, files: list[str]) -> str:
+    formats = {EXTENSIONS.get(Path(f).suffix.lower()) for f in files if not Path(f).name.startswith((".", "_"))}
+    if None in formats:
+        formats.discard(None)
+        if not formats:
+            suffixes = sorted({Path(f).suffix or "(none)" for f in files})[:5]
+            raise ConfigError(
+                f"--data {spec}: unknown format (extensions {', '.join(suffixes)}); give --data-format "
+                f"{'|'.join(FORMATS)}", flag="--data-format",
+            )
+    if len(formats) > 1:
+        raise ConfigError(
+            f"--data {spec}: ambiguous format (files of {', '.join(sorted(formats))}); keep one format per "
+            f"dataset or give --data-format", flag="--data-format",
+        )
+    return formats.pop()
+
+
+def detect_format(name: str, path: str) -> str:
+    """The format of ``path`` from what it is (checked where the CLI can see it)."""
+    spec = f"{name}={path}"
+    if is_uri(path):
+        fmt = EXTENSIONS.get(Path(path.rstrip("/")).suffix.lower())
+        if fmt is None:
+            raise ConfigError(
+                f"--data {spec}: cannot tell the format of a URI without an extension; give --data-format "
+                f"{'|'.join(FORMATS)}", flag="--data-format",
+            )
+        return fmt
+    p = Path(path)
+    if any(ch in path for ch in "*?["):
+        files = [f for f in globlib.glob(path, recursive=True) if Path(f).is_file()]
+        if not files:
+            raise ConfigError(f"--data {spec}: no file matches the pattern", flag="--data")
+        return _format_of_files(spec, files)
+    if p.is_file():
+        return _format_of_files(spec, [path])
+    if p.is_dir():
+        if any((p / m).is_file() for m in HF_MARKERS) and list(p.glob("*.arrow")):
+            return "hf"
+        files = [str(f) for f in p.rglob("*") if f.is_file()]
+        if not files:
+            raise ConfigError(f"--data {spec}: the folder is empty", flag="--data")
+        return _format_of_files(spec, files)
+    raise ConfigError(
+        f"--data {spec}: no such file or folder; give an existing path, a glob, or a URI the cluster can read "
+        "(s3://, gs://, a shared file system)", flag="--data",
+    )
+
+
+def resolve_data(data: dict[str, str] | None, data_format: str | None) -> list[dict[str, str]]:
+    """The datasets for the Plan: [{"name", "path", "format"}], local paths made absolute."""
+    if data_format is not None and data_format not in FORMATS:
+        raise ConfigError(f"--data-format {data_format}: use one of {', '.join(FORMATS)}", flag="--data-format")
+    if data_format is not None and not data:
+        raise ConfigError("--data-format needs --data NAME=PATH", flag="--data-format")
+    out = []
+    for name, path in (data or {}).items():
+        if not NAME_RE.match(name):
+            raise ConfigError(
+                f"--data {name}={path}: name {name!r} must be a word (letters, digits, '_' or '-'), e.g. train",
+                flag="--data",
+            )
+        fmt = data_format or detect_format(name, path)
+        if not is_uri(path) and not any(ch in path for ch in "*?["):
+            if not Path(path).exists():
+                raise ConfigError(f"--data {name}={path}: no such file or folder", flag="--data")
+            path = str(Path(path).resolve())
+        elif not is_uri(path):
+            path = str(Path(path).absolute())
+        out.append({"name": name, "path": path, "format": fmt})
+    return out
+
+
+def describe(datasets: list[dict[str, str]]) -> list[str]:
+    """One line per dataset, for --dry-run."""
+    return [f"{d['name']}: {d['path']} ({d['format']})" for d in datasets]

@@ -1,0 +1,62 @@
+"""The job of tests/e2e/test_data.py: a linear model trained on ``--data train=...`` rows {"id", "x", "y"}.
+
+Every micro-batch's sample ids are written to the log (``@@ids {"rank", "step", "resumed", "ids"}``), so the
+test can check that the ranks saw each id exactly once per epoch, before and after a restart or a resume.
+The end writes ``@@params {"sha": ...}``, a hash of the final parameters' bytes (bit-for-bit comparisons).
+``--formats a,b,...``: first read one batch of each named dataset and write ``@@format`` with its columns.
+``--fail-once-at-step N``: rank 1 dies after step N unless the run was restored.
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def out(tag, **data):
+    sys.stdout.write(f"@@{tag} {json.dumps(data)}\n")
+    sys.stdout.flush()
+
+
+def check_formats(ctx, names):
+    for name in names:
+        batch = next(iter(ctx.dataset(name, batch_size=2, epochs=1)))
+        first = {k: (v[0] if isinstance(v, list) else v[0].tolist()) for k, v in batch.items()}
+        if ctx.is_main:
+            out("format", name=name, columns=sorted(batch), rows=len(next(iter(batch.values()))), first=first)
+
+
+def train(ctx):
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--fail-once-at-step", type=int, default=0)
+    p.add_argument("--formats", default="")
+    args = p.parse_args(ctx.args)
+    if args.formats:
+        check_formats(ctx, args.formats.split(","))
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    engine = ctx.deepspeed(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    batches = iter(ctx.dataset("train", shuffle=True, seed=7))
+    resumed = ctx.resumed_from is not None
+    for step in range(ctx.start_step + 1, args.steps + 1):
+        ids = []
+        for _ in range(ctx.grad_accum):
+            batch = next(batches)
+            ids += batch["id"].tolist()
+            loss = F.mse_loss(engine(batch["x"].float()).squeeze(-1), batch["y"].float())
+            engine.backward(loss)
+            engine.step()
+        out("ids", rank=ctx.rank, step=step, resumed=resumed, ids=ids, epoch=ctx.data_position()["epoch"])
+        ctx.report({"loss": loss.item(), "step": step})
+        if args.fail_once_at_step == step and not resumed and ctx.rank == min(1, ctx.world_size - 1):
+            os._exit(1)  # a real process death
+    digest = hashlib.sha1()
+    for param in engine.module.parameters():
+        digest.update(param.detach().float().cpu().numpy().tobytes())
+    if ctx.is_main:
+        out("params", sha=digest.hexdigest())
