@@ -22,6 +22,7 @@ class PreprocessContext:
     """What a job's ``preprocess(dataset, ctx)`` is told: which dataset, the job's arguments, the batch."""
 
     name: str  # the dataset's --data NAME
+    path: str = ""  # its PATH (absolute where local)
     args: list[str] = field(default_factory=list)  # the JOB_ARGS after --
     micro_batch: int = 1
     train_batch: int = 1
@@ -79,7 +80,7 @@ def build(plan: Any, preprocess: Callable[[Any, PreprocessContext], Any] | None)
             raise DataError(f"{where}: cannot read as {spec['format']}: {_first_line(exc)}") from exc
         if preprocess is not None:
             info = PreprocessContext(
-                name=spec["name"], args=list(plan.job_args), micro_batch=micro, train_batch=plan.train_batch,
+                name=spec["name"], path=spec["path"], args=list(plan.job_args), micro_batch=micro, train_batch=plan.train_batch,
                 data_parallel=dp,
             )
             ds = preprocess(ds, info)

@@ -1,0 +1,127 @@
+"""--data through Ray Data on the real local cluster (issue 15): every sample once per epoch across ranks, a
+killed worker and a resume on fewer workers continue the epoch exactly, every input format trains.
+
+Three jobs: an uninterrupted run (which also reads Parquet, CSV, text and save_to_disk inputs), a run whose
+rank 1 dies mid-epoch (--max-failures 1), and a resume of that run's mid-epoch checkpoint on one worker.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+JOB = ROOT / "tests" / "e2e" / "jobs" / "data_ids.py"
+ROWS, STEPS, PER_STEP = 48, 24, 4  # 2 epochs of 12 steps of a global batch of 4
+FLAGS = ["--zero", "0", "--micro-batch", "2", "--train-batch", "4", "--checkpoint-every", "5"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    import datasets
+    import pandas as pd
+
+    d = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    with open(d / "ids.jsonl", "w") as f:
+        for i in range(ROWS):
+            f.write(json.dumps({"id": i, "x": rng.standard_normal(8).round(4).tolist(), "y": float(i % 5)}) + "\n")
+    table = pd.DataFrame({"id": range(6), "v": [0.5 * i for i in range(6)]})
+    table.to_parquet(d / "t.parquet")
+    table.to_csv(d / "t.csv", index=False)
+    (d / "t.txt").write_text("alpha\nbeta\ngamma\ndelta\n")
+    datasets.Dataset.from_dict({"id": list(range(6)), "text": [f"s{i}" for i in range(6)]}).save_to_disk(d / "hf")
+    (d / "empty.jsonl").write_text("")
+    return d
+
+
+def run(cli, data, *flags, args=(), expect=0):
+    proc = cli("submit", JOB, *FLAGS, "--data", f"train={data / 'ids.jsonl'}", *flags, "--json", "--",
+               "--steps", STEPS, *args, timeout=900)
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+    info = json.loads(proc.stdout)
+    log = cli("jobs", "logs", info["id"], check=True).stdout
+    return info, log
+
+
+def tagged(log, tag):
+    out, seen = [], set()
+    for line in log.splitlines():
+        idx = line.find(f"@@{tag} ")
+        if idx >= 0 and line[idx:] not in seen:  # a line can reach the log twice
+            seen.add(line[idx:])
+            out.append(json.loads(line[idx + len(tag) + 3:]))
+    return out
+
+
+def ids_by_step(events, resumed=None):
+    """{step: sorted ids of the global batch} over the ranks' events (of one attempt, if ``resumed`` given)."""
+    steps = {}
+    for e in events:
+        if resumed is None or e["resumed"] == resumed:
+            steps.setdefault(e["step"], []).extend(e["ids"])
+    return {s: sorted(v) for s, v in steps.items()}
+
+
+def epochs(steps):
+    """The ids of each epoch (12 steps each), in step order."""
+    return [sorted(i for s in range(1 + 12 * e, 13 + 12 * e) for i in steps.get(s, [])) for e in range(2)]
+
+
+@pytest.fixture(scope="module")
+def baseline(cli, data):
+    d = data
+    return run(cli, d, "--workers", "2", "--data", f"p={d / 't.parquet'}", "--data", f"c={d / 't.csv'}",
+               "--data", f"t={d / 't.txt'}", "--data", f"h={d / 'hf'}", args=["--formats", "p,c,t,h"])
+
+
+def test_every_id_once_per_epoch_and_every_format_reads(baseline):
+    info, log = baseline
+    events = tagged(log, "ids")
+    steps = ids_by_step(events)
+    assert sorted(steps) == list(range(1, STEPS + 1)) and all(len(v) == PER_STEP for v in steps.values())
+    assert epochs(steps) == [list(range(ROWS))] * 2  # exactly once per epoch across both ranks
+    per_rank = [sorted(i for e in events if e["rank"] == r and e["step"] <= 12 for i in e["ids"]) for r in (0, 1)]
+    assert not set(per_rank[0]) & set(per_rank[1]) and len(per_rank[0]) == len(per_rank[1]) == ROWS // 2
+    assert [steps[s] for s in range(1, 13)] != [steps[s] for s in range(13, 25)]  # reshuffled per epoch
+    formats = {e["name"]: e for e in tagged(log, "format")}
+    assert formats["p"]["columns"] == formats["c"]["columns"] == ["id", "v"]
+    assert formats["p"]["first"] == formats["c"]["first"] == {"id": 0, "v": 0.0}
+    assert formats["t"]["first"] == {"text": "alpha"} and formats["h"]["first"] == {"id": 0, "text": "s0"}
+    assert "Dataset " not in log and "Progress bars" not in log  # no Ray Data noise in the job's log
+    metrics = [line for line in log.splitlines() if '"event":"metrics"' in line]
+    assert metrics and all('"data_wait_s"' in line for line in metrics)
+
+
+def test_a_killed_worker_and_a_resume_on_fewer_workers_continue_the_epoch_exactly(cli, data, baseline):
+    _, base_log = baseline
+    base = ids_by_step(tagged(base_log, "ids"))
+    info, log = run(cli, data, "--workers", "2", "--max-failures", "1", "--keep", "10",
+                    args=["--fail-once-at-step", "8"])
+    assert info["state"] == "succeeded" and info["restarts"] == 1
+    events = tagged(log, "ids")
+    before, after = ids_by_step(events, resumed=False), ids_by_step(events, resumed=True)
+    assert min(after) == 6  # restarted from the step-5 checkpoint
+    consumed = sorted(i for s in range(1, 6) for i in before[s])
+    assert sorted(i for s in range(6, 13) for i in after[s]) == sorted(set(range(ROWS)) - set(consumed))
+    assert {s: before.get(s, after.get(s)) for s in range(1, 6)} == {s: base[s] for s in range(1, 6)}
+    assert after == {s: base[s] for s in range(6, STEPS + 1)}  # the same samples as the uninterrupted run
+    assert tagged(log, "params") == tagged(base_log, "params")  # final parameters bit for bit
+
+    # --resume the step-10 checkpoint (mid-epoch 0: 40 of 48 rows consumed) on ONE worker (grad-accum 2)
+    listed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
+    step10 = next(c["path"] for c in listed if c["step"] == 10)
+    resumed_info, resumed_log = run(cli, data, "--workers", "1", "--resume", step10)
+    assert resumed_info["state"] == "succeeded"
+    resumed = ids_by_step(tagged(resumed_log, "ids"))
+    assert sorted(resumed) == list(range(11, STEPS + 1))
+    assert sorted(i for s in (11, 12) for i in resumed[s]) == sorted(i for s in (11, 12) for i in base[s])
+    assert epochs({**{s: base[s] for s in range(1, 11)}, **resumed}) == [list(range(ROWS))] * 2
+
+
+def test_an_empty_dataset_fails_the_job_clearly(cli, data):
+    proc = cli("submit", JOB, "--data", f"train={data / 'empty.jsonl'}", timeout=600)
+    assert proc.returncode == 1
+    assert f"--data train={data / 'empty.jsonl'}: the dataset is empty" in proc.stderr
