@@ -144,7 +144,7 @@ class ShardBatches:
         """(this rank's part, rows of the epoch consumed after it) for each round from row ``start``."""
         rnd = self.size * self.batch_size
         stream = self.source.iter_batches(
-            batch_size=rnd, batch_format="numpy", prefetch_batches=max(self.prefetch, 1), drop_last=False
+            batch_size=rnd, batch_format="numpy", prefetch_batches=self.prefetch, drop_last=False
         )
         if self.columns:
             stream = (self._select(b) for b in stream)

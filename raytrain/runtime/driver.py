@@ -98,7 +98,12 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
     if plan.mode == "train":
         from raytrain.runtime.job_file import load_job
 
-        preprocess = getattr(load_job(plan.job_module), "preprocess", None)
+        import ray.cloudpickle
+
+        module = load_job(plan.job_module)
+        # Ray Data's tasks cannot import the job file's module (``raytrain_job``): ship its functions by value.
+        ray.cloudpickle.register_pickle_by_value(module)
+        preprocess = getattr(module, "preprocess", None)
     try:
         datasets = data_source.build(plan, preprocess)
     except data_source.DataError as exc:

@@ -112,3 +112,39 @@ def test_unlimited_epochs_keep_going():
     got = [b["id"].tolist() for b in itertools.islice(iter(it), 5)]
     assert got == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5], [0, 1, 2, 3]]
     assert positions[0].to_dict() == {"epoch": 2, "rows": 4}
+
+
+def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_path, monkeypatch, capsys):
+    import ray.train
+    import torch
+
+    from raytrain.cli.progress import describe_metrics
+    from raytrain.config import Options, resolve
+    from raytrain.events import METRICS, parse_line
+    from raytrain.runtime.context import DATA_KEY, TrainContext
+    from tests.conftest import JOBS
+
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    monkeypatch.setattr(ray.train, "get_dataset_shard", lambda name: Rows(20))
+    plan = resolve(Options(job=str(JOBS / "cnn.py"), data={"train": str(tmp_path / "d.jsonl")}, micro_batch=4))
+
+    def make():
+        return TrainContext(plan, rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+    ctx = make()
+    with pytest.raises(ValueError, match="ctx.dataset\\('eval'\\): no such dataset; --data gave: train"):
+        ctx.dataset("eval")
+    batches = iter(ctx.dataset("train", epochs=1))
+    assert next(batches)["id"].tolist() == [0, 1, 2, 3]
+    ctx.report({"step": 1, "loss": 1.0})
+    metrics = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
+    assert metrics[-1]["data_wait_s"] >= 0 and "data wait" in describe_metrics(metrics[-1])
+    saved = ctx._saved_state()
+    assert saved[DATA_KEY] == {"train": {"epoch": 0, "rows": 4}} and DATA_KEY not in ctx.state
+
+    again = make()
+    monkeypatch.setattr(again._checkpoints, "restore", lambda engine: (1, dict(saved)))
+    again._restore()
+    assert again.data_position() == {"epoch": 0, "rows": 4} and again.state == {} and again.start_step == 1
+    assert [b["id"].tolist() for b in again.dataset("train", epochs=1)] == [[4, 5, 6, 7], [8, 9, 10, 11],
+                                                                            [12, 13, 14, 15], [16, 17, 18, 19]]
