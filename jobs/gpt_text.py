@@ -36,11 +36,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-@functools.lru_cache(maxsize=2)
+_TOKENIZERS: dict = {}  # path -> Tokenizer, loaded once per process (a plain dict: it ships to Ray Data's tasks)
+
+
 def _tokenizer(path: str):
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(path)
+    if path not in _TOKENIZERS:
+        _TOKENIZERS[path] = Tokenizer.from_file(path)
+    return _TOKENIZERS[path]
 
 
 def tokenize_and_pack(batch: dict, *, tokenizer: str, block: int) -> dict:
