@@ -85,7 +85,7 @@ def _sample(name):
     spec = SPECS[name]
     if name == "job_args":
         return ["--steps", "1"]
-    if name == "env":
+    if name in ("env", "data"):  # mappings
         return {"A": "b"}
     if spec.choices:
         return spec.choices[-1]
