@@ -69,6 +69,7 @@ class Checkpointer:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+        wait_until_registered()
         self.last_saved_step = step
         if self.rank == 0:
             events.emit(events.CHECKPOINT, step=step)
@@ -76,3 +77,25 @@ class Checkpointer:
     def final_save_needed(self, last_metrics: dict[str, Any]) -> bool:
         """After the last step: checkpointing is on and that step has no checkpoint yet."""
         return bool(self.every) and bool(last_metrics) and self.last_saved_step != int(last_metrics["step"])
+
+
+def wait_until_registered(timeout_s: float = 30.0) -> bool:
+    """Until Ray Train's controller has taken this worker's last report. ``ray.train.report`` returns once the
+    checkpoint is in storage and its report sits in a one-slot queue that the controller empties when it next
+    polls the workers (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S); a worker that died before that poll took
+    the checkpoint with it, and the group restarted from the one before. A checkpoint report may wait (a
+    metrics report never does): True once taken, False after ``timeout_s`` or where the queue is not found."""
+    import time
+
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        queue = get_train_context().get_result_queue()
+    except Exception:  # another Ray Train version: nothing to wait on
+        return False
+    deadline = time.monotonic() + timeout_s
+    while not queue.empty():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

@@ -104,15 +104,15 @@ def test_a_killed_worker_and_a_resume_on_fewer_workers_continue_the_epoch_exactl
     _, base_log = baseline
     base = ids_by_step(tagged(base_log, "ids"))
     info, log = run(cli, data, "--workers", "2", "--max-failures", "1", "--keep", "10",
-                    args=["--fail-once-at-step", "8"])
+                    args=["--fail-once-at-step", "10"])  # dies right after reporting step 10's checkpoint
     assert info["state"] == "succeeded" and info["restarts"] == 1
     events = tagged(log, "ids")
     before, after = ids_by_step(events, resumed=False), ids_by_step(events, resumed=True)
-    assert min(after) == 6  # restarted from the step-5 checkpoint
-    consumed = sorted(i for s in range(1, 6) for i in before[s])
-    assert sorted(i for s in range(6, 13) for i in after[s]) == sorted(set(range(ROWS)) - set(consumed))
-    assert {s: before.get(s, after.get(s)) for s in range(1, 6)} == {s: base[s] for s in range(1, 6)}
-    assert after == {s: base[s] for s in range(6, STEPS + 1)}  # the same samples as the uninterrupted run
+    assert min(after) == 11  # restarted from the step-10 checkpoint, not the one before it
+    consumed = sorted(i for s in range(1, 11) for i in before[s])
+    assert sorted(i for s in range(11, 13) for i in after[s]) == sorted(set(range(ROWS)) - set(consumed))
+    assert {s: before[s] for s in range(1, 11)} == {s: base[s] for s in range(1, 11)}
+    assert after == {s: base[s] for s in range(11, STEPS + 1)}  # the same samples as the uninterrupted run
     assert tagged(log, "params") == tagged(base_log, "params")  # final parameters bit for bit
 
     # --resume the step-10 checkpoint (mid-epoch 0: 40 of 48 rows consumed) on ONE worker (grad-accum 2)
