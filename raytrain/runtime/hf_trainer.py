@@ -1,0 +1,77 @@
+"""A Hugging Face Trainer script's progress in raytrain's reporting path, without editing the script.
+
+While a Trainer script runs (script mode), ``transformers.Trainer.__init__`` is wrapped so that every Trainer
+the script builds gets :class:`RaytrainCallback`, which turns the Trainer's logs (loss, learning rate, grad
+norm) into raytrain's metrics events (the progress line, ``jobs status``), with throughput from the Trainer's
+own batch arithmetic and the memory sampler's readings. The Trainer logs every ``logging_steps`` (500 by
+default); the callback asks for a log at most every ``RAYTRAIN_HF_LOG_EVERY_S`` seconds (default 2) so the
+progress line moves, and at the last step.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from typing import Any, Iterator
+
+from raytrain.runtime.reporter import Reporter
+
+LOG_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "epoch": "epoch"}
+
+
+def make_callback(reporter: Reporter, *, log_every_s: float) -> Any:
+    """A ``transformers.TrainerCallback`` feeding ``reporter`` (built here: transformers is imported only on
+    workers that run a Trainer script)."""
+    from transformers import TrainerCallback
+
+    class RaytrainCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self._last_log = time.monotonic()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            world = max(int(getattr(args, "world_size", 1) or 1), 1)
+            reporter.train_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+            reporter.resume_at(int(state.global_step))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.monotonic()
+            last = state.max_steps and state.global_step >= state.max_steps
+            if now - self._last_log >= log_every_s or last:
+                control.should_log = True
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "loss" not in logs:
+                return
+            self._last_log = time.monotonic()
+            metrics = {mine: logs[theirs] for theirs, mine in LOG_KEYS.items() if theirs in logs}
+            reporter.report({**metrics, "step": int(state.global_step)})
+
+    return RaytrainCallback()
+
+
+@contextlib.contextmanager
+def trainer_hooks(*, rank: int, train_batch: int, gpu: bool) -> Iterator[Reporter]:
+    """While active, every ``transformers.Trainer`` gets raytrain's callback; the memory sampler runs."""
+    import transformers
+
+    reporter = Reporter(rank=rank, train_batch=train_batch)
+    interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
+    if interval > 0:
+        reporter.start_monitor(interval, gpu=gpu)
+    log_every_s = float(os.environ.get("RAYTRAIN_HF_LOG_EVERY_S", "2"))
+    original = transformers.Trainer.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.add_callback(make_callback(reporter, log_every_s=log_every_s))
+
+    transformers.Trainer.__init__ = __init__
+    try:
+        yield reporter
+    finally:
+        transformers.Trainer.__init__ = original
+        reporter.finish()
