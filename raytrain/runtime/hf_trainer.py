@@ -32,7 +32,7 @@ def make_callback(reporter: Reporter, *, log_every_s: float) -> Any:
         def on_train_begin(self, args, state, control, **kwargs):
             world = max(int(getattr(args, "world_size", 1) or 1), 1)
             reporter.train_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
-            reporter.resume_at(int(state.global_step))
+            reporter.restart_clock(int(state.global_step))
 
         def on_step_end(self, args, state, control, **kwargs):
             now = time.monotonic()
@@ -50,6 +50,32 @@ def make_callback(reporter: Reporter, *, log_every_s: float) -> Any:
             reporter.report({**metrics, "step": int(state.global_step)})
 
     return RaytrainCallback()
+
+
+@contextlib.contextmanager
+def cpu_process_group_for_accelerate() -> Iterator[None]:
+    """Under DeepSpeed on CPU workers, Accelerate (which the Trainer builds its distributed state with) finds no
+    distributed backend for a CPU device and counts one process: the Trainer then fills train_batch_size for
+    a world of 1 and DeepSpeed refuses it. While active, a PartialState that finds no backend while a process
+    group exists (Ray Train's gloo group) takes that group's backend, as a MULTI_CPU run (then DEEPSPEED)."""
+    import torch.distributed as dist
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    original = PartialState._prepare_backend
+
+    @functools.wraps(original)
+    def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        found, kind = original(self, cpu, sagemaker_dp, backend)
+        if found is None and dist.is_available() and dist.is_initialized():
+            return dist.get_backend(), DistributedType.MULTI_CPU
+        return found, kind
+
+    PartialState._prepare_backend = _prepare_backend
+    try:
+        yield
+    finally:
+        PartialState._prepare_backend = original
 
 
 @contextlib.contextmanager
@@ -71,7 +97,8 @@ def trainer_hooks(*, rank: int, train_batch: int, gpu: bool) -> Iterator[Reporte
 
     transformers.Trainer.__init__ = __init__
     try:
-        yield reporter
+        with cpu_process_group_for_accelerate() if not gpu else contextlib.nullcontext():
+            yield reporter
     finally:
         transformers.Trainer.__init__ = original
         reporter.finish()
