@@ -8,6 +8,8 @@ from tests.e2e.test_scripts import SCRIPTS
 from tests.e2e.test_submit import job_id_of
 
 pytestmark = pytest.mark.e2e
+pytest.importorskip("transformers")  # the workers share this environment
+pytest.importorskip("accelerate")
 
 TRAINER_ARGS = ["--output_dir", "out", "--max_steps", "10", "--report_to", "none", "--learning_rate", "3e-3",
                 "--save_strategy", "no", "--disable_tqdm", "true"]
