@@ -4,15 +4,16 @@ While a Trainer script runs (script mode), ``transformers.Trainer.__init__`` is 
 the script builds gets :class:`RaytrainCallback`, which turns the Trainer's logs (loss, learning rate, grad
 norm) into raytrain's metrics events (the progress line, ``jobs status``), with throughput from the Trainer's
 own batch arithmetic and the memory sampler's readings. The Trainer logs every ``logging_steps`` (500 by
-default); the callback asks for a log at most every ``RAYTRAIN_HF_LOG_EVERY_S`` seconds (default 2) so the
-progress line moves, and at the last step.
+default); the callback asks for a log every ``RAYTRAIN_HF_LOG_EVERY_STEPS`` steps (default 1) and at the last
+step, so the progress line moves. The decision must be the same on every rank: a Trainer log gathers the loss
+from all ranks (a collective), so a per-rank clock would make ranks log at different steps and the
+collectives mismatch.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
-import time
 from typing import Any, Iterator
 
 from raytrain.runtime.reporter import Reporter
@@ -20,24 +21,20 @@ from raytrain.runtime.reporter import Reporter
 LOG_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "epoch": "epoch"}
 
 
-def make_callback(reporter: Reporter, *, log_every_s: float) -> Any:
+def make_callback(reporter: Reporter, *, log_every: int) -> Any:
     """A ``transformers.TrainerCallback`` feeding ``reporter`` (built here: transformers is imported only on
     workers that run a Trainer script)."""
     from transformers import TrainerCallback
 
     class RaytrainCallback(TrainerCallback):
-        def __init__(self) -> None:
-            self._last_log = time.monotonic()
-
         def on_train_begin(self, args, state, control, **kwargs):
             world = max(int(getattr(args, "world_size", 1) or 1), 1)
             reporter.train_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
             reporter.restart_clock(int(state.global_step))
 
         def on_step_end(self, args, state, control, **kwargs):
-            now = time.monotonic()
             last = state.max_steps and state.global_step >= state.max_steps
-            if now - self._last_log >= log_every_s or last:
+            if state.global_step % log_every == 0 or last:  # a function of the step: the same on every rank
                 control.should_log = True
             return control
 
@@ -45,7 +42,6 @@ def make_callback(reporter: Reporter, *, log_every_s: float) -> Any:
             logs = logs or {}
             if "loss" not in logs:
                 return
-            self._last_log = time.monotonic()
             metrics = {mine: logs[theirs] for theirs, mine in LOG_KEYS.items() if theirs in logs}
             reporter.report({**metrics, "step": int(state.global_step)})
 
@@ -87,13 +83,13 @@ def trainer_hooks(*, rank: int, train_batch: int, gpu: bool) -> Iterator[Reporte
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     if interval > 0:
         reporter.start_monitor(interval, gpu=gpu)
-    log_every_s = float(os.environ.get("RAYTRAIN_HF_LOG_EVERY_S", "2"))
+    log_every = max(1, int(os.environ.get("RAYTRAIN_HF_LOG_EVERY_STEPS", "1")))
     original = transformers.Trainer.__init__
 
     @functools.wraps(original)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.add_callback(make_callback(reporter, log_every_s=log_every_s))
+        self.add_callback(make_callback(reporter, log_every=log_every))
 
     transformers.Trainer.__init__ = __init__
     try:

@@ -156,7 +156,7 @@ def test_the_callback_reports_the_trainers_loss_as_metrics_events(tmp_path, caps
     spec = importlib.util.spec_from_file_location("hf_trainer_script", HF)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    monkeypatch.setenv("RAYTRAIN_HF_LOG_EVERY_S", "0")  # a log every step
+    monkeypatch.setenv("RAYTRAIN_HF_LOG_EVERY_STEPS", "1")  # a log every step (the default)
     monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
