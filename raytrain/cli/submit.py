@@ -94,8 +94,8 @@ def _dry_run_summary(request, plan) -> dict:
         },
         "parallel": plan.parallel,
         "batch": {
-            "micro_batch": plan.deepspeed["train_micro_batch_size_per_gpu"],
-            "grad_accum": plan.deepspeed["gradient_accumulation_steps"],
+            "micro_batch": plan.micro_batch,
+            "grad_accum": plan.grad_accum,
             "data_parallel": plan.parallel["dp"],
             "global_batch": plan.train_batch,
         },
@@ -144,6 +144,14 @@ def _say_script_mode(options: Options, plan) -> None:
         click.echo(
             f"raytrain: script mode ({reason}): running {plan.job_module} as __main__ on every worker", err=True
         )
+        if plan.hf_trainer:
+            given = " ".join(f"{k} {v}" for k, v in plan.script_defaults.items())
+            click.echo(
+                "raytrain: a Hugging Face Trainer script: the DeepSpeed config leaves batch sizes, accumulation, "
+                f"clipping and precision to its TrainingArguments (\"auto\"), and gives the script what it does "
+                f"not give itself: {given}",
+                err=True,
+            )
 
 
 def _follow(console: Console, target, handle, *, quiet: bool, stop_on_interrupt: bool):

@@ -5,6 +5,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from raytrain.config.hf_trainer import is_trainer_script
 from raytrain.errors import ConfigError
 
 
@@ -17,6 +18,7 @@ class JobFile:
     declares_tp_spec: bool = False  # defines a module-level TP_SPEC
     mode: str = "train"  # "train": raytrain calls train(ctx); "script": run as __main__ (script mode)
     mode_reason: str = ""  # why this mode was chosen, for the CLI's one line
+    hf_trainer: bool = False  # script mode: uses Hugging Face TrainingArguments (raytrain.config.hf_trainer)
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
@@ -120,7 +122,7 @@ def _check_called_with_ctx(path: str, train: ast.FunctionDef | ast.AsyncFunction
     )
 
 
-def check_job_file(path: str | None, script: bool | None = None) -> JobFile:
+def check_job_file(path: str | None, script: bool | None = None, args: list[str] | None = None) -> JobFile:
     """The job file, if it exists, parses and either defines ``train(ctx)`` at module level (train mode) or
     is a script (script mode: run as ``__main__`` like the deepspeed launcher or torchrun would).
 
@@ -144,4 +146,5 @@ def check_job_file(path: str | None, script: bool | None = None) -> JobFile:
     return JobFile(
         path=resolved, directory=resolved.parent, relative=resolved.name,
         uses_pipeline=uses_pipeline, declares_tp_spec=declares_tp_spec, mode=mode, mode_reason=reason,
+        hf_trainer=mode == "script" and is_trainer_script(resolved, args),
     )

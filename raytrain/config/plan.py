@@ -62,6 +62,12 @@ class Plan:
     data: list[dict[str, str]] = field(default_factory=list)  # --data: [{"name", "path", "format"}]
     prefetch: int = DEFAULTS["prefetch"]  # --prefetch: batches ctx.dataset prepares ahead
     mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
+    micro_batch: int = DEFAULTS["micro_batch"]
+    grad_accum: int = DEFAULTS["grad_accum"]
+    hf_trainer: bool = False  # script mode: a Hugging Face Trainer script (raytrain.config.hf_trainer)
+    # script mode: options the workers add to the script's command line when its parser defines them and the
+    # user did not give them (a Trainer script's --per_device_train_batch_size ...)
+    script_defaults: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

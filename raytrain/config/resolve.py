@@ -19,7 +19,8 @@ from pathlib import Path
 
 from raytrain.config.batch import Sources, batch_sizes
 from raytrain.config.checks import check_int, check_number
-from raytrain.config.deepspeed import deepspeed_dict, ds_origins, load_ds_config, merge_under_flags
+from raytrain.config.deepspeed import deepspeed_dict, ds_origins, ds_view, load_ds_config, merge_under_flags
+from raytrain.config.hf_trainer import auto_config, merge_trainer_args, script_defaults
 from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
 from raytrain.config.data import parse_data_pairs, resolve_data
 from raytrain.config.jobfile import JobFile, check_job_file
@@ -39,13 +40,21 @@ FILLED_FIRST = ("workers", "cpus_per_worker", "zero", "offload", "precision")
 
 def _with_ds_config(opts: Options, job: JobFile) -> tuple[Options, dict, Sources]:
     """Options with the DeepSpeed config (--ds-config, or script mode's) merged under them, that config, and
-    which options it filled."""
+    which options it filled; a Trainer script's TrainingArguments (its command line) merged under both."""
     source, ds_flag = None, "--ds-config"
     if job.mode == "script":
         opts, source, ds_flag = script_mode_options(opts, job)
     ds = load_ds_config(opts.ds_config, flag=ds_flag)
     sources = Sources(ds_origins(opts, ds, opts.ds_config, source, ds_flag))
-    return merge_under_flags(opts, ds, opts.ds_config, source), ds, sources
+    merged = merge_under_flags(opts, ds, opts.ds_config, source)
+    if job.hf_trainer:
+        views = ds_view(ds)
+        labels = {
+            name: f"{source or f'--ds-config {opts.ds_config}'} ({views[name][1]} = {views[name][0]})"
+            for name in views if getattr(opts, name) is None
+        }
+        merged = merge_trainer_args(merged, labels)
+    return merged, ds, sources
 
 
 def _devices(opts: Options) -> tuple[float, float]:
@@ -151,7 +160,7 @@ def _or_default(opts: Options, name: str):
 
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
-    job = check_job_file(opts.job, script=opts.script)
+    job = check_job_file(opts.job, script=opts.script, args=list(opts.job_args or []))
     opts, ds, sources = _with_ds_config(opts, job)
     filled = {k: DEFAULTS[k] for k in FILLED_FIRST}
     opts = opts.merged_over(Options(**filled, gpus_per_worker=1.0 if cluster_has_gpus else 0.0))
@@ -177,6 +186,9 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     micro, accum, total = batch_sizes(opts, dp, min_dp=min_workers // (tp * pp), sources=sources)
     opts = _grad_clip(opts, job)
     deepspeed = deepspeed_dict(ds, opts, micro=micro, accum=accum, total=total, use_gpu=use_gpu, tp=tp)
+    trainer_args = {}
+    if job.hf_trainer:  # the Trainer fills what it owns from its arguments; raytrain's values go there
+        deepspeed, trainer_args = auto_config(deepspeed), script_defaults(opts, micro=micro, accum=accum)
     resources = {"CPU": cpus, **({"GPU": gpus} if use_gpu else {})}
     scaling = Scaling(
         num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources,
@@ -186,7 +198,8 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     return Plan(
         name=name, job_file=str(job.path), job_dir=str(job.directory), job_module=job.relative,
         job_args=list(opts.job_args or []), deepspeed=deepspeed, scaling=scaling,
-        parallel={"dp": dp, "tp": tp, "pp": pp}, train_batch=total,
+        parallel={"dp": dp, "tp": tp, "pp": pp}, train_batch=total, micro_batch=micro, grad_accum=accum,
+        hf_trainer=job.hf_trainer, script_defaults=trainer_args,
         precision=opts.precision, zero=opts.zero, offload=opts.offload, storage=opts.storage, env=env,
         checkpoint_every=checkpoint_every, keep=keep, max_failures=max_failures, resume=opts.resume,
         activation_checkpointing=bool(opts.activation_checkpointing),

@@ -21,7 +21,7 @@ class ConfigArg:
     inline: bool  # ``--flag=PATH``
 
 
-def _options_end(args: list[str]) -> int:
+def options_end(args: list[str]) -> int:
     """Options end at a bare ``--`` (argparse treats what follows as positionals)."""
     return args.index("--") if "--" in args else len(args)
 
@@ -29,7 +29,7 @@ def _options_end(args: list[str]) -> int:
 def find_config_args(args: list[str]) -> list[ConfigArg]:
     """Every DeepSpeed config path the user passes in SCRIPT_ARGS (argparse uses the last one)."""
     found = []
-    end = _options_end(args)
+    end = options_end(args)
     i = 0
     while i < end:
         token = args[i]
@@ -68,5 +68,5 @@ def replace_config_args(args: list[str], path: str) -> list[str]:
 
 def gives_option(args: list[str], *names: str) -> bool:
     """Whether ``args`` contain one of the options ``names`` (``--name`` or ``--name=VALUE``)."""
-    end = _options_end(list(args))
+    end = options_end(list(args))
     return any(token.partition("=")[0] in names for token in list(args)[:end])

@@ -41,6 +41,11 @@ class Reporter:
 
         self.monitor = MemoryMonitor(interval=interval, gpu=gpu).start()
 
+    def restart_clock(self, step: int) -> None:
+        """Count throughput from ``step`` and now (training starts after set-up the first report must not
+        include)."""
+        self._last_step, self._last_time = step, time.perf_counter()
+
     def resume_at(self, step: int) -> None:
         """Count throughput from ``step`` (a restored run's first report covers the steps after it)."""
         self._last_step = step

@@ -92,12 +92,18 @@ def launcher_env(launch: Launch) -> dict[str, str]:
 
 # -- the command line -----------------------------------------------------------------------------------
 def injected_args(
-    actions: Mapping[str, argparse.Action], cmdline: list[str], *, config_path: str | None, local_rank: int | None
+    actions: Mapping[str, argparse.Action], cmdline: list[str], *, config_path: str | None, local_rank: int | None,
+    defaults: Mapping[str, str] | None = None,
 ) -> list[str]:
     """What raytrain adds to ``cmdline`` for a parser whose options are ``actions`` (option string -> action):
-    ``--local_rank=N`` if it has that option, and the DeepSpeed config if it takes one and the user gave
-    none. Only options the parser defines, so argparse never sees an unknown one."""
+    ``--local_rank=N`` if it has that option, the DeepSpeed config if it takes one and the user gave
+    none, and each of ``defaults`` (``{"--per_device_train_batch_size": "8"}``: a Trainer script's
+    arguments raytrain resolved) the user did not give. Only options the parser defines, so argparse never
+    sees an unknown one."""
     out: list[str] = []
+    for name, value in (defaults or {}).items():
+        if name in actions and not gives_option(cmdline, name):
+            out.append(f"{name}={value}")
     if local_rank is not None and not gives_option(cmdline, *LOCAL_RANK_FLAGS):
         name = next((n for n in LOCAL_RANK_FLAGS if n in actions), None)
         if name:
@@ -115,7 +121,9 @@ def injected_args(
 
 
 @contextlib.contextmanager
-def argparse_hook(*, config_path: str | None, local_rank: int | None, delivered: set[str]) -> Iterator[None]:
+def argparse_hook(
+    *, config_path: str | None, local_rank: int | None, delivered: set[str], defaults: Mapping[str, str] | None = None
+) -> Iterator[None]:
     """While active, a parser that parses the command line (``args`` None or exactly ``sys.argv[1:]``) gets
     ``injected_args`` for its own options in front (where the deepspeed launcher puts --local_rank).
     The options delivered are added to ``delivered``."""
@@ -128,7 +136,8 @@ def argparse_hook(*, config_path: str | None, local_rank: int | None, delivered:
             args = list(args)
         if args is None or args == cmdline:
             extra = injected_args(
-                self._option_string_actions, cmdline, config_path=config_path, local_rank=local_rank
+                self._option_string_actions, cmdline, config_path=config_path, local_rank=local_rank,
+                defaults=defaults,
             )
             delivered.update(token.partition("=")[0] for token in extra if token.startswith("--"))
             args = extra + cmdline
@@ -203,20 +212,16 @@ def reuse_process_group() -> Iterator[None]:
 
 
 # -- deepspeed ------------------------------------------------------------------------------------------
-def uses_deepspeed(path: Path, limit: int = 1 << 20) -> bool:
-    """Whether the script, or a module beside it that it imports (one level), mentions deepspeed. A
-    torchrun script that does not is spared importing it (seconds per worker); a script that reaches
-    deepspeed only deeper than that still works, it only misses the hooks (deepspeed_hooks)."""
-    if "deepspeed" in sys.modules:
-        return True
+def mentions(path: Path, word: str, limit: int = 1 << 20) -> bool:
+    """Whether the script, or a module beside it that it imports (one level), mentions ``word``."""
 
-    def mentions(file: Path) -> bool:
+    def in_file(file: Path) -> bool:
         try:
-            return file.stat().st_size <= limit and "deepspeed" in file.read_text(errors="replace")
+            return file.stat().st_size <= limit and word in file.read_text(errors="replace")
         except OSError:
             return False
 
-    if mentions(path):
+    if in_file(path):
         return True
     try:
         tree = ast.parse(path.read_text(errors="replace"))
@@ -230,9 +235,31 @@ def uses_deepspeed(path: Path, limit: int = 1 << 20) -> bool:
             names.add(node.module.split(".")[0])
     for name in sorted(names):
         module, package = path.parent / f"{name}.py", path.parent / name
-        if mentions(module) or (package.is_dir() and any(mentions(f) for f in sorted(package.glob("*.py")))):
+        if in_file(module) or (package.is_dir() and any(in_file(f) for f in sorted(package.glob("*.py")))):
             return True
     return False
+
+
+def uses_deepspeed(path: Path) -> bool:
+    """Whether the script (or a module beside it, one level) mentions deepspeed. A torchrun script that does
+    not is spared importing it (seconds per worker); a script that reaches deepspeed only deeper than that
+    still works, it only misses the hooks (deepspeed_hooks)."""
+    return "deepspeed" in sys.modules or mentions(path, "deepspeed")
+
+
+def accelerate_env(*, use_gpu: bool, precision: str, config_path: str | None, hf_trainer: bool) -> dict[str, str]:
+    """What ``accelerate launch`` would set for an Accelerate script: on CPU workers ``--cpu`` (Accelerator()
+    then sees a MULTI_CPU run over the existing gloo group instead of one process), on GPU workers
+    ``--use_deepspeed`` with raytrain's DeepSpeed config file (Accelerate does not combine DeepSpeed with
+    CPU). A Trainer script sets up Accelerate itself from its TrainingArguments: nothing for it."""
+    if hf_trainer:
+        return {}
+    env = {"ACCELERATE_MIXED_PRECISION": {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no")}
+    if not use_gpu:
+        env["ACCELERATE_USE_CPU"] = "true"
+    elif config_path:
+        env.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=config_path)
+    return env
 
 
 @contextlib.contextmanager
@@ -300,8 +327,15 @@ def run_script(
     launch: Launch,
     deepspeed_config: dict[str, Any] | None,
     chdir: bool = True,
+    defaults: Mapping[str, str] | None = None,
+    extra: contextlib.AbstractContextManager | None = None,
+    accelerate: Mapping[str, Any] | None = None,
 ) -> None:
-    """Run ``path`` as ``__main__`` in this process, as a launcher would start it on this rank."""
+    """Run ``path`` as ``__main__`` in this process, as a launcher would start it on this rank. ``defaults``:
+    options given to the script's parser when it defines them and the user did not (injected_args);
+    ``extra``: a context (a Trainer script's hooks) entered around the run; ``accelerate``: accelerate_env's
+    keywords but config_path (the environment ``accelerate launch`` gives, set for a script that mentions
+    accelerate, unless the job's environment sets it)."""
     path = Path(path).resolve()
     args = list(args)
 
@@ -318,6 +352,9 @@ def run_script(
             config_path = os.path.join(tmp, "ds_config.json")
             Path(config_path).write_text(json.dumps(deepspeed_config, indent=2, sort_keys=True))
             os.environ[ENV_CONFIG] = config_path
+        if accelerate is not None and mentions(path, "accelerate"):
+            for key, value in accelerate_env(**accelerate, config_path=config_path).items():
+                os.environ.setdefault(key, value)
         user_config = find_config_arg(args) is not None
         if user_config and config_path:  # the CLI merged raytrain's flags into the user's config
             args = replace_config_args(args, config_path)
@@ -330,8 +367,8 @@ def run_script(
         with reuse_process_group(), deepspeed_hooks(
             injected_config=injected, log=log, enabled=uses_deepspeed(path)
         ), argparse_hook(
-            config_path=injected, local_rank=launch.local_rank, delivered=delivered
-        ):
+            config_path=injected, local_rank=launch.local_rank, delivered=delivered, defaults=defaults
+        ), extra or contextlib.nullcontext():
             try:
                 runpy.run_path(str(path), run_name="__main__")
             except SystemExit as exc:
@@ -387,9 +424,18 @@ def launch_from_ray() -> Launch:
 
 def run_on_worker(plan: Plan) -> None:
     """Script mode's train_loop_per_worker body."""
+    launch = launch_from_ray()
+    extra = None
+    if plan.hf_trainer:
+        from raytrain.runtime.hf_trainer import trainer_hooks
+
+        extra = trainer_hooks(rank=launch.rank, train_batch=plan.train_batch, gpu=plan.scaling.use_gpu)
     run_script(
         find_job_file(plan.job_module),
         list(plan.job_args),
-        launch=launch_from_ray(),
+        launch=launch,
         deepspeed_config=plan.deepspeed,
+        defaults=plan.script_defaults,
+        extra=extra,
+        accelerate={"use_gpu": plan.scaling.use_gpu, "precision": plan.precision, "hf_trainer": plan.hf_trainer},
     )

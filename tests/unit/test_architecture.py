@@ -97,7 +97,9 @@ def test_the_control_plane_never_imports_the_worker_runtime():
 
 
 def test_the_cli_starts_without_torch_deepspeed_or_ray():
-    code = "import sys, raytrain.cli.main; print(sorted(m for m in ('torch', 'deepspeed', 'ray') if m in sys.modules))"
+    # nor the Hugging Face packages (raytrain[hf]): only the workers that run an HF script import them
+    heavy = "('torch', 'deepspeed', 'ray', 'transformers', 'accelerate', 'peft', 'safetensors')"
+    code = f"import sys, raytrain.cli.main; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -1,0 +1,90 @@
+"""A Hugging Face Trainer script in the shape of transformers' examples/pytorch/language-modeling/run_clm.py:
+
+    deepspeed hf_trainer.py --deepspeed ds_config.json --output_dir out --max_steps 20 --per_device_train_batch_size 4
+
+HfArgumentParser over (ModelArguments, DataTrainingArguments, TrainingArguments), a causal LM built from a
+config (a tiny GPT-2: nothing is downloaded), a synthetic dataset of token ids (no tokenizer), and
+``Trainer(...).train()``. raytrain's tests run it unchanged in script mode. On rank 0 it prints what the
+DeepSpeed engine the Trainer built was given, so a test can check raytrain's flags reached it.
+"""
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelArguments:
+    n_layer: int = field(default=2, metadata={"help": "layers of the GPT-2 built from its config"})
+    n_embd: int = field(default=64, metadata={"help": "hidden size"})
+    vocab_size: int = field(default=64, metadata={"help": "vocabulary"})
+
+
+@dataclass
+class DataTrainingArguments:
+    block_size: int = field(default=32, metadata={"help": "tokens per sample"})
+    num_samples: int = field(default=512, metadata={"help": "synthetic training samples"})
+
+
+class CountingDataset(torch.utils.data.Dataset):
+    """Sequences that count up by a per-sample stride (mod vocab): a causal LM learns them quickly."""
+
+    def __init__(self, n, block_size, vocab):
+        g = torch.Generator().manual_seed(1234)
+        starts = torch.randint(0, vocab, (n, 1), generator=g)
+        strides = torch.randint(1, 4, (n, 1), generator=g)
+        self.ids = (starts + strides * torch.arange(block_size)) % vocab
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def main():
+    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+    set_seed(training_args.seed)
+
+    config = GPT2Config(
+        n_layer=model_args.n_layer, n_embd=model_args.n_embd, n_head=2, vocab_size=model_args.vocab_size,
+        n_positions=data_args.block_size,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    train_dataset = CountingDataset(data_args.num_samples, data_args.block_size, model_args.vocab_size)
+
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset)
+    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    engine = trainer.model_wrapped
+    if rank == 0:
+        for i, loss in enumerate(losses):
+            print(f"hf_trainer log {i} loss {loss:.4f}", flush=True)
+        print(
+            f"hf_trainer done: world {world}, zero {engine.zero_optimization_stage()}, "
+            f"micro {engine.train_micro_batch_size_per_gpu()}, accum {engine.gradient_accumulation_steps()}, "
+            f"clip {engine.gradient_clipping():g}, bf16 {engine.bfloat16_enabled()}, "
+            f"steps {trainer.state.global_step}, first loss {losses[0]:.4f}, last loss {losses[-1]:.4f}, "
+            f"train_loss {result.training_loss:.4f}, cwd {os.path.basename(os.getcwd())}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Hugging Face scripts end to end: an unmodified Trainer script (tests/e2e/scripts/hf_trainer.py, the shape of
+run_clm.py) and an Accelerate script on 2 CPU workers of the real local Ray cluster, through `raytrain submit`.
+Lean: two Trainer jobs (ZeRO-3 without raytrain batch flags, ZeRO-2 with them) and one Accelerate job; the
+other combinations are unit tests of the resolved config (tests/unit/test_hf_trainer.py)."""
+import pytest
+
+from tests.e2e.test_scripts import SCRIPTS
+from tests.e2e.test_submit import job_id_of
+
+pytestmark = pytest.mark.e2e
+pytest.importorskip("transformers")  # the workers share this environment
+pytest.importorskip("accelerate")
+
+TRAINER_ARGS = ["--output_dir", "out", "--max_steps", "10", "--report_to", "none", "--learning_rate", "3e-3",
+                "--save_strategy", "no", "--disable_tqdm", "true"]
+
+
+def run_trainer(cli, *flags, script_args=()):
+    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", "2", *flags, "--", *TRAINER_ARGS, *script_args,
+               timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "a Hugging Face Trainer script" in proc.stderr
+    job = job_id_of(out)
+    log = cli("jobs", "logs", job, check=True).stdout
+    assert "mismatch TrainingArguments" not in log
+    return job, out, log
+
+
+def assert_trainer_reported(cli, job, out):
+    # raytrain's callback (added without editing the script) fed the progress line and `jobs status`
+    facts = cli.facts(job)
+    assert facts.losses and facts.last_metrics["step"] == 10, facts.metrics
+    assert facts.losses[-1] < facts.losses[0], facts.losses
+    assert all(m.get("lr", 0) > 0 and m.get("samples_per_s", 0) > 0 for m in facts.metrics)
+    assert "loss" in cli.json("jobs", "status", job)["last_metrics"]
+    assert f"loss {facts.losses[-1]:.4f}" in out  # the progress line
+
+
+def test_trainer_script_zero3_without_raytrain_batch_flags(cli):
+    # the script's own --per_device_train_batch_size; the DeepSpeed config says "auto" for what the Trainer owns
+    job, out, log = run_trainer(cli, "--zero", "3", script_args=["--per_device_train_batch_size", "4"])
+    assert "hf_trainer done: world 2, zero 3, micro 4, accum 1, clip 1, bf16 False, steps 10" in log, log
+    assert_trainer_reported(cli, job, out)
+
+
+def test_trainer_script_zero2_with_raytrain_batch_flags(cli):
+    # raytrain's flags reach the Trainer as its arguments (the script gives none of them)
+    job, out, log = run_trainer(cli, "--zero", "2", "--micro-batch", "2", "--grad-accum", "2", "--grad-clip", "0.5")
+    assert "hf_trainer done: world 2, zero 2, micro 2, accum 2, clip 0.5, bf16 False, steps 10" in log, log
+    assert_trainer_reported(cli, job, out)
+
+
+def test_accelerate_script_sees_two_processes(cli):
+    proc = cli("submit", SCRIPTS / "accelerate_regression.py", "--workers", "2", "--", "--steps", "6", timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    log = cli("jobs", "logs", job_id_of(out), check=True).stdout
+    # the script asserts num_processes == 2 and MULTI_CPU on each rank, and equal parameters at the end
+    assert "accelerate_regression done: processes 2, type MULTI_CPU, batches per process 16" in log, log
