@@ -10,6 +10,7 @@ from rich.table import Table
 
 from raytrain import timings
 from raytrain.cli.common import address_option, handle_errors, k8s_connection_options, print_json, with_options
+from raytrain.cli.log_filter import LogFilter, wants_color
 from raytrain.cli.progress import describe_metrics, describe_preflight, describe_resize
 from raytrain.targets.base import Target
 from raytrain.targets.factory import TargetOptions, make_target
@@ -131,18 +132,32 @@ def status(job_id, address, as_json, show_timings, **k8s):
 @click.argument("job_id")
 @address_option
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--verbose", "-v", is_flag=True, help="Ray's own lines too, as the log holds them.")
 @target_options
 @handle_errors
-def logs(job_id, address, follow, **k8s):
+def logs(job_id, address, follow, verbose, **k8s):
     """The job's log (driver and workers)."""
     target = _target(address, k8s)
+    shown = LogFilter(color=wants_color(sys.stdout.isatty()), verbose=verbose)
+    partial = [""]
+
+    def write(text: str) -> None:
+        lines = (partial[0] + text).split("\n")
+        partial[0] = lines.pop()
+        out = [kept for kept in map(shown, lines) if kept is not None]
+        if out:
+            sys.stdout.write("\n".join(out) + "\n")
+            sys.stdout.flush()
+
     if follow:
         try:
-            target.follow(job_id, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+            target.follow(job_id, write)
         except KeyboardInterrupt:
             sys.exit(130)
     else:
-        sys.stdout.write(target.logs(job_id))
+        write(target.logs(job_id))
+    if partial[0]:
+        write("\n")
 
 
 @jobs.command()

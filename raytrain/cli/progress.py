@@ -8,6 +8,7 @@ from rich.live import Live
 from rich.text import Text
 
 from raytrain import events
+from raytrain.cli.log_filter import LogFilter, wants_color
 
 
 def gb(nbytes: float) -> str:
@@ -28,7 +29,7 @@ def memory_summary(facts: events.JobFacts) -> list[str]:
     if facts.estimate:
         e = facts.estimate
         lines.append(
-            f"planner estimate per GPU: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
+            f"planner estimate per {'GPU' if gpu else 'worker'}: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
             f"{e['params']:,} parameters; activations not included)"
         )
     return lines
@@ -80,16 +81,13 @@ def describe_metrics(m: dict) -> str:
     return "  ".join(parts)
 
 
-# Ray Train logs each ray.train.report at INFO from every worker; raytrain's progress line says it better.
-NOISE = ("Reporting training result ",)
-
-
 class ProgressPrinter:
     """Feed it log text (``on_text``); it prints log lines and keeps one live progress line."""
 
-    def __init__(self, console: Console | None = None, *, show_logs: bool = True):
+    def __init__(self, console: Console | None = None, *, show_logs: bool = True, verbose: bool = False):
         self.console = console or Console(stderr=False)
         self.show_logs = show_logs
+        self.filter = LogFilter(color=wants_color(self.console.is_terminal), verbose=verbose)
         self.facts = events.JobFacts()
         self._partial = ""
         self._started = time.monotonic()
@@ -135,8 +133,10 @@ class ProgressPrinter:
     def _line(self, line: str) -> None:
         event = events.parse_line(line)
         if event is None:
-            if self.show_logs and line.strip() and not any(n in line for n in NOISE):
-                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            shown = self.filter(line) if self.show_logs and line.strip() else None
+            if shown is not None:
+                self.console.print(Text.from_ansi(shown) if self.filter.color else shown,
+                                   markup=False, highlight=False, soft_wrap=True)
             return
         self.facts.add(event)
         kind = event.get("event")

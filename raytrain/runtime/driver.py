@@ -110,7 +110,11 @@ def main() -> int:
     run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
     import ray
 
-    ray.init(log_to_driver=True, runtime_env=_pinned_address())
+    import logging
+
+    # Ray's "Connecting to existing Ray cluster ..." lines only with `submit -v`.
+    quiet = not os.environ.get("RAYTRAIN_VERBOSE")
+    ray.init(log_to_driver=True, runtime_env=_pinned_address(), logging_level=logging.WARNING if quiet else logging.INFO)
     scaling = plan.scaling
     problem = capacity_problem(
         scaling.num_workers, scaling.resources_per_worker, cluster_nodes(), scaling.min_workers

@@ -19,7 +19,7 @@ CNN = str(JOBS / "cnn.py")
 FIELDS = [f.name for f in dataclasses.fields(Options)]
 # `submit`'s options that are not Options fields: the profile path, output and waiting, and the target's
 # Kubernetes flags (raytrain.cli.k8s).
-NOT_OPTIONS = {"config", "no_wait", "dry_run", "as_json", "quiet", "stop_on_interrupt"}
+NOT_OPTIONS = {"config", "no_wait", "dry_run", "as_json", "quiet", "verbose", "stop_on_interrupt"}
 
 
 def _submit_params():
