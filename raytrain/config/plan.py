@@ -59,6 +59,8 @@ class Plan:
     interface: str | None = None  # the network interface every worker must use (--interface)
     timeout_s: float = DEFAULTS["timeout"]  # torch.distributed process-group timeout (--timeout)
     mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
+    track: list[str] = field(default_factory=list)  # --track: tensorboard, mlflow, wandb (rank 0 logs to each)
+    mlflow_uri: str | None = None  # --mlflow-uri; None: a file store under the run's storage
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

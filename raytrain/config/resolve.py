@@ -22,7 +22,7 @@ from raytrain.config.checks import check_int, check_number
 from raytrain.config.deepspeed import deepspeed_dict, ds_origins, load_ds_config, merge_under_flags
 from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
 from raytrain.config.jobfile import JobFile, check_job_file
-from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options
+from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options, parse_trackers
 from raytrain.config.parallel import check_parallel, check_zero3_keys
 from raytrain.config.plan import Plan, Scaling
 from raytrain.config.script_mode import script_mode_options
@@ -151,6 +151,9 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     max_failures = max_failures_for(opts.max_failures, min_workers, workers)
     timeout_s = check_number("timeout", _or_default(opts, "timeout"), 0, strict=True)
     interface = _interface(opts.interface)
+    track = parse_trackers(opts.track)
+    if opts.mlflow_uri and "mlflow" not in track:
+        raise ConfigError(f"--mlflow-uri {opts.mlflow_uri}: add --track mlflow to log to it", flag="--mlflow-uri")
 
     tp = check_int("tp", _or_default(opts, "tp"), 1)
     pp = check_int("pp", _or_default(opts, "pp"), 1)
@@ -175,5 +178,5 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         checkpoint_every=checkpoint_every, keep=keep, max_failures=max_failures, resume=opts.resume,
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
-        interface=interface, timeout_s=timeout_s, mode=job.mode,
+        interface=interface, timeout_s=timeout_s, mode=job.mode, track=track, mlflow_uri=opts.mlflow_uri,
     )

@@ -203,7 +203,7 @@ def _default_optimizer(lr: float, *, fused: bool) -> Any:
     return optimizer
 
 
-def make_context(plan: Plan, *, restore_from: str | None) -> TrainContext:
+def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") -> TrainContext:
     """The context of the calling Ray Train worker."""
     import ray.train
     import ray.train.torch
@@ -217,6 +217,11 @@ def make_context(plan: Plan, *, restore_from: str | None) -> TrainContext:
         device=ray.train.torch.get_device(),
         restore_from=restore_from,
     )
+    if plan.track:  # rank 0 logs every report to --track's trackers, in one tracker run per raytrain run
+        from raytrain.runtime import trackers
+
+        run_name = run_name or os.environ.get("RAYTRAIN_RUN_NAME", plan.name)
+        ctx._reporter.trackers = trackers.start(plan, rank=ctx.rank, run_name=run_name, log=ctx.log)
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     if interval > 0:
         ctx.start_monitor(interval)

@@ -101,13 +101,14 @@ def _pinned_address() -> dict | None:
 
 
 def main() -> int:
-    from raytrain import timings
+    from raytrain import run_record, timings
 
+    plan = read_plan()
+    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
+    run_record.start(plan.storage, run_name, "driver")  # the run's events outlive the cluster
     for phase, t in timings.from_env().items():  # the client's marks (command, request built, submitted)
         timings.emit(phase, t)
     timings.emit("driver_started", timings.process_start_time())
-    plan = read_plan()
-    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
     import ray
 
     import logging
@@ -143,6 +144,7 @@ def main() -> int:
 
         try:
             resume_from = resolve_resume(plan.resume, plan.storage).path
+            run_record.inherit_trackers(resume_from, plan.storage, run_name)  # the same tracker runs
         except ConfigError as exc:
             emit(events.INVALID, message=str(exc))
             return EXIT_CANNOT_RUN
@@ -171,7 +173,7 @@ def main() -> int:
     )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from},
+        train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from, "run": run_name},
         torch_config=torch_config(timeout_s=float(plan.timeout_s), interface=plan.interface),
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,

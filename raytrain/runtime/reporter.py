@@ -29,6 +29,7 @@ class Reporter:
         self.rank = rank
         self.train_batch = train_batch
         self.monitor = None  # a MemoryMonitor, once start_monitor ran
+        self.trackers = None  # rank 0's raytrain.runtime.trackers.Trackers (--track), fed each report
         self.last_metrics: dict[str, Any] = {}
         self._reports = 0
         self._last_step = 0
@@ -76,6 +77,8 @@ class Reporter:
         clean = self.step_metrics(metrics, engine_step=engine_step)
         if self.rank == 0:
             events.emit(events.METRICS, **clean)
+            if self.trackers is not None:
+                self.trackers.report(clean)
         self.memory_event()
         return clean
 
@@ -102,3 +105,8 @@ class Reporter:
         if self.monitor is not None:
             self.monitor.stop()
             self.memory_event(final=True)
+        if self.trackers is not None:
+            last = self.last_metrics
+            self.trackers.finish({
+                "steps": last.get("step"), "final_loss": last.get("loss"), "elapsed_s": last.get("elapsed_s"),
+            })

@@ -18,9 +18,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     import ray.train
 
-    from raytrain import timings
+    from raytrain import run_record, timings
 
     rank = ray.train.get_context().get_world_rank()
+    run_record.start(plan.storage, config.get("run", ""), f"rank-{rank}")
     timings.emit("worker_process", timings.process_start_time(), rank=rank)
     timings.emit("train_fn", rank=rank)
 
@@ -41,7 +42,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
         return run_on_worker(plan)
     module = load_job(plan.job_module)
-    ctx = make_context(plan, restore_from=restore_point(config))
+    ctx = make_context(plan, restore_from=restore_point(config), run_name=config.get("run", ""))
     module.train(ctx)
     ctx.finish()
 

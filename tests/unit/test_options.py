@@ -116,12 +116,16 @@ def test_every_flag_reaches_its_option():
     flagged = [n for n, s in SPECS.items() if s.flag]
     flags = {name: _sample(name) for name in flagged}
     flags["env"] = ("A=1", "B=x=y")  # as Click gives a repeatable flag
+    flags["track"] = ("mlflow", "tensorboard", "mlflow")
     opts = options_from_flags("job.py", ("--x",), **flags)
-    expected = {**flags, "env": {"A": "1", "B": "x=y"}, "job": "job.py", "job_args": ["--x"]}
+    expected = {**flags, "env": {"A": "1", "B": "x=y"}, "track": ["mlflow", "tensorboard"], "job": "job.py",
+                "job_args": ["--x"]}
     assert {k: getattr(opts, k) for k in expected} == expected
     assert all(getattr(opts, n) is None for n, s in SPECS.items() if not s.flag and n not in ("job", "job_args"))
     with pytest.raises(ConfigError, match="--env NOEQ: expected KEY=VALUE"):
         options_from_flags("job.py", (), env=("NOEQ",))
+    with pytest.raises(ConfigError, match="--track neptune: not a tracker; use one of tensorboard, mlflow, wandb"):
+        options_from_flags("job.py", (), track=("neptune",))
 
 
 def test_flags_win_over_the_profile(tmp_path):
