@@ -15,6 +15,7 @@ from raytrain.runtime.engine import build_engine
 from raytrain.runtime.memory_estimate import emit_estimate
 from raytrain.runtime.parallel import build_pipeline, prepare_tensor_parallel
 from raytrain.runtime.reporter import Reporter
+from raytrain.runtime.throughput import peak_tflops, steps_from_args
 from raytrain.runtime.resize import fit_to_world_size
 
 
@@ -62,6 +63,39 @@ class TrainContext:
         self.start_step = 0
         self.resumed_from: str | None = None
         self._reporter = Reporter(rank=rank, train_batch=self.train_batch)
+        self._reporter.world_size, self._reporter.on_gpu = world_size, plan.scaling.use_gpu
+        self._reporter.total_steps = steps_from_args(self.args)
+        if plan.scaling.use_gpu and torch.cuda.is_available():
+            self._reporter.gpu_peak_tflops = peak_tflops(torch.cuda.get_device_name(device))
+
+    # What the progress line and trackers derive from each report: set them in train(ctx) when known.
+    @property
+    def total_steps(self) -> int | None:
+        """The run's length in optimizer steps (default: a ``--steps N`` job argument): a bar and an ETA."""
+        return self._reporter.total_steps
+
+    @total_steps.setter
+    def total_steps(self, steps: int | None) -> None:
+        self._reporter.total_steps = steps
+
+    @property
+    def tokens_per_sample(self) -> float | None:
+        """Tokens in one sample (e.g. the sequence length): reports get tokens_per_s."""
+        return self._reporter.tokens_per_sample
+
+    @tokens_per_sample.setter
+    def tokens_per_sample(self, tokens: float | None) -> None:
+        self._reporter.tokens_per_sample = tokens
+
+    @property
+    def flops_per_sample(self) -> float | None:
+        """Training FLOPs of one sample (forward + backward, e.g. 6 x parameters x tokens): GPU workers' reports
+        get tflops_per_gpu and mfu."""
+        return self._reporter.flops_per_sample
+
+    @flops_per_sample.setter
+    def flops_per_sample(self, flops: float | None) -> None:
+        self._reporter.flops_per_sample = flops
 
     @property
     def checkpoint_every(self) -> int:

@@ -30,6 +30,12 @@ class Reporter:
         self.train_batch = train_batch
         self.monitor = None  # a MemoryMonitor, once start_monitor ran
         self.trackers = None  # rank 0's raytrain.runtime.trackers.Trackers (--track), fed each report
+        self.total_steps: int | None = None  # the run's length (ctx.total_steps): the progress bar and ETA
+        self.tokens_per_sample: float | None = None  # ctx.tokens_per_sample: tokens/s
+        self.flops_per_sample: float | None = None  # ctx.flops_per_sample: TFLOP/s and MFU on GPU workers
+        self.world_size = 1
+        self.on_gpu = False
+        self.gpu_peak_tflops: float | None = None
         self.last_metrics: dict[str, Any] = {}
         self._reports = 0
         self._last_step = 0
@@ -63,6 +69,14 @@ class Reporter:
             clean.setdefault("samples_per_s", round(steps_done * self.train_batch / dt, 3))
             clean.setdefault("step_time_s", round(dt / steps_done, 4))
         self._last_time, self._last_step = now, int(step)
+        from raytrain.runtime.throughput import derived
+
+        for key, value in derived(clean, tokens_per_sample=self.tokens_per_sample,
+                                  flops_per_sample=self.flops_per_sample, world_size=self.world_size,
+                                  gpu_peak_tflops=self.gpu_peak_tflops, on_gpu=self.on_gpu).items():
+            clean.setdefault(key, value)
+        if self.total_steps:
+            clean.setdefault("total_steps", int(self.total_steps))
         clean.setdefault("elapsed_s", round(now - self._started, 3))
         clean.setdefault("wall_time", round(time.time(), 3))
         if self.monitor is not None:

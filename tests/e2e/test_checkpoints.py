@@ -31,10 +31,47 @@ def gpt_baseline(e2e_env, tmp_path_factory):
     return info, e2e_env.facts(info["id"]), probe
 
 
-def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline):
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on loopback, on a port free at run time; stopped after the test."""
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow = Path(sys.executable).parent / "mlflow"
+    proc = subprocess.Popen(
+        [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--default-artifact-root", str(tmp_path / "art")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(1)
+        yield uri
+    finally:
+        import os
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline, mlflow_server, tmp_path):
     base_info, base, _ = gpt_baseline
     assert base.checkpoints == [4, 8, 10]  # every 4 steps and at the end
-    info = submit_json(cli, JOBS / "gpt_zero.py", [*GPT_Z3, "--max-failures", "1"],
+    info = submit_json(cli, JOBS / "gpt_zero.py",
+                       [*GPT_Z3, "--max-failures", "1", "--track", "tensorboard", "--track", "mlflow",
+                        "--mlflow-uri", mlflow_server],
                        ["--steps", "10", "--fail-once-at-step", "6"])
     facts = cli.facts(info["id"])
     assert info["state"] == "succeeded" and info["restarts"] == 1
@@ -42,6 +79,44 @@ def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, 
     assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10]  # steps 5-6 redone from the step-4 checkpoint
     assert facts.losses[-1] == base.losses[-1]  # bit for bit
     assert facts.losses[-4:] == base.losses[-4:]
+    check_trackers(info["id"], Path(cli.env["RAYTRAIN_HOME"]) / "runs" / info["id"], mlflow_server, facts)
+    check_metrics_and_plots(cli, info["id"], base_info["id"], tmp_path)
+
+
+def check_trackers(job, run_dir, mlflow_uri, facts):
+    """--track tensorboard --track mlflow across the restart: one run each, one value per step, the params."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    by_step = {m["step"]: m["loss"] for m in facts.metrics}  # the redone steps' first values were logged
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    tb = [(e.step, e.value) for e in acc.Scalars("loss")]
+    assert [s for s, _ in tb] == list(range(1, 11)), tb
+    assert tb[-1][1] == pytest.approx(by_step[10], rel=1e-6)
+    assert any(t.startswith("memory/peak_rank") for t in acc.Tags()["scalars"])
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("gpt-zero").experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_name == job and runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, 11)), history
+    params = runs[0].data.params
+    assert params["deepspeed.zero_optimization.stage"] == "3" and params["raytrain.max_failures"] == "1"
+    assert params["deepspeed.gradient_accumulation_steps"] == "2"
+    assert runs[0].data.tags["summary.steps"] == "10"
+
+
+def check_metrics_and_plots(cli, job, baseline, tmp_path):
+    """`jobs metrics|plot|compare` on real runs, read from the run's record in storage."""
+    data = cli.json("jobs", "metrics", job)
+    assert [s["step"] for s in data["steps"]] == list(range(1, 11)) and set(data["memory"]) == {"0", "1"}
+    from matplotlib import image
+
+    for args, name in ((["plot", job], "run.png"), (["compare", baseline, job], "cmp.png")):
+        out = tmp_path / name
+        cli("jobs", *args, "-o", out, check=True)
+        pixels = image.imread(str(out))
+        assert pixels.shape[0] >= 600 and (pixels[..., :3] < 0.5).mean() > 0.005
 
 
 def test_without_max_failures_a_killed_worker_fails_the_job(cli):
