@@ -53,7 +53,7 @@ def emit(kind: str, **data: Any) -> None:
 
         try:
             with open(_record, "a") as f:
-                f.write(f"{time.time():.3f} {line}\n")
+                f.write(f"{time.time():.6f} {line}\n")
         except OSError:  # the record is a copy: never fail training for it
             pass
 

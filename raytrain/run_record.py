@@ -51,7 +51,7 @@ def find(job_id: str, storages: list[str | None]) -> Path | None:
     """The record of run ``job_id`` in the first of ``storages`` that has one."""
     for storage in storages:
         folder = record_dir(storage, job_id)
-        if folder is not None and folder.is_dir() and any(folder.glob("events-*.log")):
+        if folder is not None and folder.is_dir() and (any(folder.glob("events-*.log")) or (folder / "logs").is_dir()):
             return folder
     if os.path.isdir(job_id) and Path(job_id, FOLDER).is_dir():  # a run directory given as the id
         return Path(job_id, FOLDER)
@@ -68,3 +68,34 @@ def inherit_trackers(checkpoint: str, storage: str | None, run_name: str) -> boo
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "trackers.json").write_text(source.read_text())
     return True
+
+
+def rank_logs(folder: Path) -> dict[int, Path]:
+    """rank -> its stdout/stderr copy (raytrain.runtime.rank_log)."""
+    out = {}
+    for path in (folder / "logs").glob("rank-*.log"):
+        try:
+            out[int(path.stem.split("-", 1)[1])] = path
+        except ValueError:
+            continue
+    return dict(sorted(out.items()))
+
+
+def nodes_of(path: Path) -> set[str]:
+    """The hosts and IPs a rank ran on (every attempt's header line names them)."""
+    found = set()
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith("# raytrain rank "):
+                words = line.split()
+                if len(words) >= 7:
+                    found |= {words[5], words[6].strip("()")}
+    return found
+
+
+def tail(path: Path, lines: int = 15) -> list[str]:
+    """The last ``lines`` lines of a rank's log that are not raytrain's event lines."""
+    from raytrain.events import MARKER
+
+    text = path.read_text(errors="replace").splitlines()
+    return [line for line in text if MARKER not in line and not line.startswith("# raytrain rank ")][-lines:]

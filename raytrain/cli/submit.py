@@ -126,13 +126,14 @@ def _say_script_mode(options: Options, plan) -> None:
         )
 
 
-def _follow(console: Console, target, handle, *, quiet: bool, verbose: bool, stop_on_interrupt: bool):
+def _follow(console: Console, target, handle, *, quiet: bool, verbose: bool, stop_on_interrupt: bool,
+            storage: str | None = None):
     """Follow the job to its end (its log unless ``quiet``; Ray's own lines too with ``verbose``); Ctrl-C leaves
     it running unless asked to stop."""
     printer = ProgressPrinter(console, show_logs=not quiet, verbose=verbose)
     try:
         with printer:
-            return api.wait(handle, target, on_text=printer.on_text)
+            return api.wait(handle, target, on_text=printer.on_text, storage=storage)
     except KeyboardInterrupt:
         if stop_on_interrupt:
             target.stop(handle.job_id)
@@ -183,7 +184,8 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, verbose, stop_on_int
             console.print(f"  follow: raytrain jobs logs {handle.job_id}{_target_flags(target)} --follow")
         return
     console.print(f"raytrain: submitted {handle.job_id} to {handle.address}", highlight=False, soft_wrap=True)
-    info = _follow(console, target, handle, quiet=quiet, verbose=verbose, stop_on_interrupt=stop_on_interrupt)
+    info = _follow(console, target, handle, quiet=quiet, verbose=verbose, stop_on_interrupt=stop_on_interrupt,
+                   storage=plan.storage)
     last = info.facts.last_metrics if info.facts else None
     summary = describe_metrics(last) if last else "no metrics reported"
     console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False, soft_wrap=True)

@@ -22,6 +22,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     rank = ray.train.get_context().get_world_rank()
     run_record.start(plan.storage, config.get("run", ""), f"rank-{rank}")
+    from raytrain.runtime import rank_log
+
+    rank_log.start(run_record.record_dir(plan.storage, config.get("run", "")), rank, ray.util.get_node_ip_address())
     timings.emit("worker_process", timings.process_start_time(), rank=rank)
     timings.emit("train_fn", rank=rank)
 

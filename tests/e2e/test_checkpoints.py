@@ -112,6 +112,8 @@ def check_metrics_and_plots(cli, job, baseline, tmp_path):
     assert [s["step"] for s in data["steps"]] == list(range(1, 11)) and set(data["memory"]) == {"0", "1"}
     from matplotlib import image
 
+    rank1 = cli("jobs", "logs", job, "--rank", "1", check=True).stdout  # both attempts, from storage
+    assert "rank 1: simulated crash at step 6" in rank1 and rank1.count("# raytrain rank 1 on ") == 2, rank1
     for args, name in ((["plot", job], "run.png"), (["compare", baseline, job], "cmp.png")):
         out = tmp_path / name
         cli("jobs", *args, "-o", out, check=True)
@@ -123,6 +125,8 @@ def test_without_max_failures_a_killed_worker_fails_the_job(cli):
     proc = submit_json(cli, JOBS / "cnn.py", ["--workers", "2", "--micro-batch", "4"],
                        ["--steps", "4", "--fail-once-at-step", "2"], expect=1)
     assert "failed" in proc.stderr
+    # the failure names the rank and shows its last lines, kept in the run's storage (issue 17)
+    assert "last lines of rank 1" in proc.stderr and "rank 1: simulated crash at step 2" in proc.stderr, proc.stderr
 
 
 def test_stop_then_resume_continues_where_it_stopped(cli):
