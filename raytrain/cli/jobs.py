@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from raytrain import events, timings
-from raytrain.cli.common import address_option, handle_errors, k8s_connection_options, print_json, with_options
+from raytrain.cli.common import (
+    address_option, complete_job_id, handle_errors, k8s_connection_options, print_json, with_options,
+)
 from raytrain.cli.log_filter import LogFilter, wants_color
 from raytrain.cli.progress import describe_metrics, describe_preflight, describe_resize
 from raytrain.errors import ConfigError
@@ -85,7 +87,7 @@ def list_jobs(address, as_json, **k8s):
 
 
 @jobs.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @address_option
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--timings", "show_timings", is_flag=True,
@@ -130,7 +132,7 @@ def status(job_id, address, as_json, show_timings, **k8s):
 
 
 @jobs.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @address_option
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--verbose", "-v", is_flag=True, help="Ray's own lines too, as the log holds them.")
@@ -189,7 +191,7 @@ def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | N
 
 
 @jobs.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @address_option
 @click.option("--wait/--no-wait", default=True, help="Wait until the job has stopped (default).")
 @target_options

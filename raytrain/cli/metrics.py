@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from raytrain import paths, run_record
-from raytrain.cli.common import address_option, handle_errors, print_json
+from raytrain.cli.common import address_option, complete_job_id, handle_errors, print_json
 from raytrain.cli.jobs import _target, target_options
 from raytrain.errors import ClusterError, ConfigError
 from raytrain.run_metrics import RunMetrics, from_lines
@@ -37,7 +37,7 @@ def _with_steps(run: RunMetrics) -> RunMetrics:
 
 
 @click.command("metrics")
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option("--json", "as_json", is_flag=True, help="Every step and every rank's memory as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="One CSV row per step.")
 @storage_option
@@ -64,7 +64,7 @@ def metrics(job_id, as_json, as_csv, storage, address, **k8s):
 
 
 @click.command("plot")
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @click.option("-o", "--output", required=True, metavar="FILE.png|FILE.svg", help="The picture to write.")
 @storage_option
 @address_option
@@ -79,7 +79,7 @@ def plot(job_id, output, storage, address, **k8s):
 
 
 @click.command("compare")
-@click.argument("job_ids", nargs=-1, required=True)
+@click.argument("job_ids", nargs=-1, required=True, shell_complete=complete_job_id)
 @click.option("-o", "--output", required=True, metavar="FILE.png|FILE.svg", help="The picture to write.")
 @storage_option
 @address_option
