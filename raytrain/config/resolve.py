@@ -152,6 +152,9 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     timeout_s = check_number("timeout", _or_default(opts, "timeout"), 0, strict=True)
     interface = _interface(opts.interface)
     track = parse_trackers(opts.track)
+    if track and job.mode == "script":
+        raise ConfigError(f"--track {track[0]}: script mode reports no metrics (no ctx.report); write a "
+                          "train(ctx) job to track it", flag="--track")
     if opts.mlflow_uri and "mlflow" not in track:
         raise ConfigError(f"--mlflow-uri {opts.mlflow_uri}: add --track mlflow to log to it", flag="--mlflow-uri")
 

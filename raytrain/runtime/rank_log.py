@@ -3,7 +3,6 @@
 rank's last lines. Python-level writes (print, logging, tracebacks, tqdm) are copied; Ray still gets all."""
 from __future__ import annotations
 
-import io
 import socket
 import sys
 import time
@@ -11,8 +10,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
-class Tee(io.TextIOBase):
-    """Writes go to ``stream`` (what Ray captures) and to ``copy``; a failing copy never fails the job."""
+class Tee:
+    """Writes go to ``stream`` (what Ray captures) and to ``copy``; a failing copy never fails the job. Not an
+    io class: everything else (fileno, isatty, encoding, buffer) is the real stream's."""
 
     def __init__(self, stream: TextIO, copy: TextIO):
         self.stream, self.copy = stream, copy
@@ -29,7 +29,7 @@ class Tee(io.TextIOBase):
     def flush(self) -> None:
         self.stream.flush()
 
-    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer: the real stream's
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 
