@@ -22,6 +22,11 @@ NOISE_PATTERNS = (
     re.compile(r"core_worker\.cc.*(PreemptionWatcher|max_restarts)"),
     # Ray Train's autoscaling coordinator on a busy machine: "safe to ignore" (its own words), then a traceback
     re.compile(r"Failed to send resource request for train-"),
+    # Ray Train's controller after a worker died: "expected" (its own word), then a traceback; raytrain's
+    # "workers restarting: ..." line says what happened
+    re.compile(r"^Graceful shutdown of backend failed\. This is expected"),
+    # the raylet's generic line for the same death
+    re.compile(r"^A worker died or was killed while executing a task by an unexpected system error"),
 )
 TRACEBACK_BODY = re.compile(r"^(\s|Traceback |\^|[\w.]+(Error|Exception|Timeout)\b)")
 
@@ -49,7 +54,10 @@ class LogFilter:
         match = PREFIX.match(plain)
         prefix, body = (match.group(1), plain[match.end():]) if match else ("", plain)
         if self._noise_prefix is not None:
-            if prefix == self._noise_prefix and TRACEBACK_BODY.match(body):
+            # the rest of a noise block: a traceback, or (from Ray's own actors) everything it adds until
+            # raytrain's next event line
+            same = prefix == self._noise_prefix
+            if same and (TRACEBACK_BODY.match(body) or (prefix and "@@raytrain " not in body)):
                 return None
             self._noise_prefix = None
         if RAY_LOG_LINE.match(body) or any(n in body for n in NOISE):

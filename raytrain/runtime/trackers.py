@@ -17,7 +17,7 @@ from typing import Any
 
 STATE_FILE = "trackers.json"
 MEMORY_EVERY_S = 10.0
-SKIP_KEYS = ("step", "event", "wall_time")
+SKIP_KEYS = ("step", "event", "wall_time", "total_steps")
 
 
 def flat(data: Any, prefix: str = "") -> dict[str, Any]:

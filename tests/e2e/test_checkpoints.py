@@ -16,8 +16,8 @@ GPT_Z3 = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--grad-accum"
 CNN_Z1 = ["--workers", "2", "--zero", "1", "--precision", "bf16", "--micro-batch", "8", "--checkpoint-every", "3"]
 
 
-def submit_json(cli, job, flags, job_args, expect=0):
-    proc = cli("submit", job, *flags, "--json", "--", *job_args)
+def submit_json(cli, job, flags, job_args, expect=0, timeout=300):
+    proc = cli("submit", job, *flags, "--json", "--", *job_args, timeout=timeout)
     assert proc.returncode == expect, proc.stdout + proc.stderr
     return json.loads(proc.stdout) if expect == 0 else proc
 
@@ -63,13 +63,17 @@ def mlflow_server(tmp_path):
         import signal
 
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
 
 
 def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline, mlflow_server, tmp_path):
     base_info, base, _ = gpt_baseline
     assert base.checkpoints == [4, 8, 10]  # every 4 steps and at the end
-    info = submit_json(cli, JOBS / "gpt_zero.py",
+    info = submit_json(cli, JOBS / "gpt_zero.py", timeout=600,
                        [*GPT_Z3, "--max-failures", "1", "--track", "tensorboard", "--track", "mlflow",
                         "--mlflow-uri", mlflow_server],
                        ["--steps", "10", "--fail-once-at-step", "6"])

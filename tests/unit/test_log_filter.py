@@ -26,6 +26,13 @@ LOG = [
     *TB,
     f"{E}[33m(raylet){E}[0m [2026-12-03 13:09:01,123 E 123 456] core_worker.cc:2210: Actor PreemptionWatcher was "
     "killed with max_restarts > 0; it will not be restarted",
+    "(raylet) A worker died or was killed while executing a task by an unexpected system error. To troubleshoot",
+    "(TrainController pid=23546) Graceful shutdown of backend failed. This is expected if one of the workers has crashed.",
+    "(TrainController pid=23546) Traceback (most recent call last):",
+    "(TrainController pid=23546) ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+    "(TrainController pid=23546)     class_name: RayTrainWorker",
+    "(TrainController pid=23546) The actor is dead because its worker process has died.",
+    '(TrainController pid=23546) @@raytrain {"event":"restarting","attempt":2}',
     f"{E}[36m(RayTrainWorker pid=23378){E}[0m GPT: 0.12M parameters",
     f"{E}[36m(RayTrainWorker pid=23378){E}[0m Traceback (most recent call last):",  # the user's own: kept
     '(RayTrainWorker pid=23378) @@raytrain {"event":"metrics","step":1,"loss":5.0}',
@@ -41,6 +48,7 @@ def shown(lines, **kw):
 def test_ray_chatter_and_internal_warnings_are_dropped_and_ansi_stripped():
     out = shown(LOG, color=False)
     assert out == [
+        '(TrainController pid=23546) @@raytrain {"event":"restarting","attempt":2}',
         "(RayTrainWorker pid=23378) GPT: 0.12M parameters",
         "(RayTrainWorker pid=23378) Traceback (most recent call last):",
         '(RayTrainWorker pid=23378) @@raytrain {"event":"metrics","step":1,"loss":5.0}',
