@@ -153,7 +153,7 @@ class Options:
         "mode). Default: detected (no train(ctx), a __main__ block or module-level code).",
         switch=True,
     )
-    track: list[str] = option(
+    track: list[str] | str = option(  # a profile may give one name
         "Log every report, memory, the config and a summary to a tracker from rank 0 (repeatable): "
         "tensorboard and mlflow write under the run's storage by default; wandb honours its own env.",
         metavar="NAME", choices=TRACKERS, multiple=True, from_flag=parse_trackers, default_factory=list,

@@ -73,10 +73,10 @@ def mlflow_server(tmp_path):
 def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline, mlflow_server, tmp_path):
     base_info, base, _ = gpt_baseline
     assert base.checkpoints == [4, 8, 10]  # every 4 steps and at the end
-    info = submit_json(cli, JOBS / "gpt_zero.py", timeout=600,
+    info = submit_json(cli, JOBS / "gpt_zero.py",
                        [*GPT_Z3, "--max-failures", "1", "--track", "tensorboard", "--track", "mlflow",
                         "--mlflow-uri", mlflow_server],
-                       ["--steps", "10", "--fail-once-at-step", "6"])
+                       ["--steps", "10", "--fail-once-at-step", "6"], timeout=600)
     facts = cli.facts(info["id"])
     assert info["state"] == "succeeded" and info["restarts"] == 1
     steps = [m["step"] for m in facts.metrics]
