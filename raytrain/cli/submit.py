@@ -185,7 +185,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, verbose, stop_on_int
         return
     console.print(f"raytrain: submitted {handle.job_id} to {handle.address}", highlight=False, soft_wrap=True)
     info = _follow(console, target, handle, quiet=quiet, verbose=verbose, stop_on_interrupt=stop_on_interrupt,
-                   storage=plan.storage)
+                   storage=request.plan.storage)
     last = info.facts.last_metrics if info.facts else None
     summary = describe_metrics(last) if last else "no metrics reported"
     console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False, soft_wrap=True)
