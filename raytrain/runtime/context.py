@@ -214,6 +214,8 @@ class TrainContext:
         if checkpoint is None:
             checkpoint = self._checkpoints.due(int(clean["step"]))
         if checkpoint and self.engine is not None:
+            if self._reporter.trackers is not None:  # a restore resumes after this step: log up to it first
+                self._reporter.trackers.flush()
             self._checkpoints.save(self.engine, clean, self.state)
 
     def finish(self) -> None:

@@ -212,6 +212,13 @@ class Trackers:
     def report(self, metrics: dict[str, Any]) -> None:
         self.queue.put(("metrics", dict(metrics)))
 
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Wait until every queued report is logged: before a checkpoint (the restore point: no step at or
+        below it may be lost when a worker dies) and when training raised."""
+        deadline = time.monotonic() + timeout_s
+        while self.queue.unfinished_tasks and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     def finish(self, summary: dict[str, Any], timeout_s: float = 60.0) -> None:
         self.queue.put(("finish", summary))
         self.thread.join(timeout=timeout_s)
@@ -219,10 +226,13 @@ class Trackers:
     def _run(self) -> None:
         while True:
             kind, data = self.queue.get()
-            if kind == "finish":
-                self._finish(data)
-                return
-            self._log(data)
+            try:
+                if kind == "finish":
+                    self._finish(data)
+                    return
+                self._log(data)
+            finally:
+                self.queue.task_done()
 
     def _log(self, metrics: dict[str, Any]) -> None:
         step = int(metrics.get("step", 0))

@@ -46,7 +46,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         return run_on_worker(plan)
     module = load_job(plan.job_module)
     ctx = make_context(plan, restore_from=restore_point(config), run_name=config.get("run", ""))
-    module.train(ctx)
+    try:
+        module.train(ctx)
+    except BaseException:
+        if ctx._reporter.trackers is not None:  # the steps reported so far reach the trackers
+            ctx._reporter.trackers.flush(timeout_s=30.0)
+        raise
     ctx.finish()
 
 

@@ -106,3 +106,12 @@ def test_params_are_the_flags_and_the_exact_deepspeed_config(tmp_path):
     params = trackers.plan_params(plan(tmp_path, ["mlflow"]))
     assert params["deepspeed.bf16.enabled"] is True and params["deepspeed.train_batch_size"] == 8
     assert params["raytrain.track"] == '["mlflow"]' and params["raytrain.zero"] == 3
+
+
+def test_flush_waits_until_every_queued_step_is_logged(tmp_path):
+    t = run_attempt(plan(tmp_path, ["tensorboard"]), range(1, 30))
+    t.flush(timeout_s=60)
+    assert t.queue.unfinished_tasks == 0
+    state = json.loads((tmp_path / "run-1" / "raytrain" / "trackers.json").read_text())
+    assert state["tensorboard"]["last_step"] == 29
+    t.finish({})
