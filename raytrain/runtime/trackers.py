@@ -247,7 +247,7 @@ class Trackers:
                 continue  # logged before a restart: one value per step
             self._call(tracker, "log", values, step)
             state["last_step"] = step
-        self.state.save()
+            self.state.save()  # at once: a worker killed during the next tracker's (slow) call repeats nothing
 
     def _memory(self) -> dict[str, float]:
         return {f"memory/peak_rank{r}_gb": round(v / 1e9, 4) for r, v in sorted(peak_memory(self.record_dir).items())}
