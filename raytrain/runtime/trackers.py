@@ -253,8 +253,11 @@ class Trackers:
         return {f"memory/peak_rank{r}_gb": round(v / 1e9, 4) for r, v in sorted(peak_memory(self.record_dir).items())}
 
     def _finish(self, summary: dict[str, Any]) -> None:
-        summary = {**summary, **self._memory()}
+        memory = self._memory()  # every worker's final peak, as metrics at the last step too
+        summary = {**summary, **memory}
         for tracker in self.active:
+            if memory and self._step:
+                self._call(tracker, "log", memory, self._step)
             self._call(tracker, "summary", summary, self._step)
             self._call(tracker, "close")
         self.state.save()
