@@ -93,6 +93,8 @@ def train(ctx):
     model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq)
     ctx.log(f"GPT: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
             f"floor loss ln({4})={math.log(4):.3f}, start ~ln({args.vocab})={math.log(args.vocab):.3f}")
+    ctx.tokens_per_sample = args.seq  # reports get tokens/s (and TFLOP/s, MFU on GPUs)
+    ctx.flops_per_sample = 6 * sum(p.numel() for p in model.parameters()) * args.seq
     engine = ctx.deepspeed(model, lr=args.lr)
     data = BigramTokens(args.vocab, args.seq, ctx.dp_rank, seed=args.seed)
     for step in range(ctx.start_step, args.steps):

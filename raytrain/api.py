@@ -155,17 +155,33 @@ def submit(options: Options, target: Target | None = None) -> JobHandle:
 
 
 def wait(
-    handle: JobHandle, target: Target | None = None, on_text: Callable[[str], None] | None = None
+    handle: JobHandle, target: Target | None = None, on_text: Callable[[str], None] | None = None,
+    storage: str | None = None,
 ) -> JobInfo:
-    """Follow the job's log until it ends; the final JobInfo (with facts). Raises JobFailed on failure."""
+    """Follow the job's log until it ends; the final JobInfo (with facts). Raises JobFailed on failure (with
+    the failing rank's last lines where the run's ``storage`` keeps them)."""
     target = target or make_target(TargetOptions(address=handle.address if handle.target != "local" else None))
     target.follow(handle.job_id, on_text or (lambda _text: None))
     info = target.status(handle.job_id)
     if info.facts and info.facts.error and info.facts.error.get("event") in (CAPACITY, INVALID):
         raise ClusterError(info.facts.error.get("message", "the cluster cannot run this job"))
     if info.state is not JobState.SUCCEEDED:
-        raise JobFailed(failure_message(info))
+        raise JobFailed(failure_message(info) + failing_rank_tail(info, storage))
     return info
+
+
+def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15) -> str:
+    """The failing rank's last lines of output, from the run's record ("" when there is none)."""
+    from raytrain import run_record
+
+    error = (info.facts or JobFacts()).error or {}
+    folder = run_record.find(info.job_id, [storage]) if error.get("rank") is not None else None
+    path = run_record.rank_logs(folder).get(int(error["rank"])) if folder is not None else None
+    if path is None:
+        return ""
+    last = run_record.tail(path, lines)
+    return (f"\nlast lines of rank {error['rank']} (all: raytrain jobs logs {info.job_id} --rank {error['rank']}):\n"
+            + "\n".join(f"  {line}" for line in last)) if last else ""
 
 
 def failure_message(info: JobInfo) -> str:

@@ -36,12 +36,30 @@ def format_event(kind: str, **data: Any) -> str:
     return MARKER + json.dumps({"event": kind, **data}, default=str, separators=(",", ":"))
 
 
+_record: str | None = None  # a file in the run's storage that keeps this process's events (raytrain.run_record)
+
+
+def record_to(path: str | None) -> None:
+    """Also append every event this process emits to ``path`` (None: stop), each line led by its time."""
+    global _record
+    _record = path
+
+
 def emit(kind: str, **data: Any) -> None:
     """Write one event line to stdout. ``sys.stdout.write``, not ``print``: Ray Train v2 patches print."""
     import sys
 
-    sys.stdout.write(format_event(kind, **data) + "\n")
+    line = format_event(kind, **data)
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
+    if _record:
+        import time
+
+        try:
+            with open(_record, "a") as f:
+                f.write(f"{time.time():.6f} {line}\n")
+        except OSError:  # the record is a copy: never fail training for it
+            pass
 
 
 def parse_line(line: str) -> dict | None:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from raytrain import paths
 from raytrain.checkpoints import store
-from raytrain.cli.common import handle_errors, print_json
+from raytrain.cli.common import complete_job_id, handle_errors, print_json
 from raytrain.errors import ConfigError, RaytrainError
 
 storage_option = click.option(
@@ -32,7 +32,7 @@ def run_dir(run: str, storage: str | None) -> Path:
 
 
 @click.command("checkpoints")
-@click.argument("run")
+@click.argument("run", shell_complete=complete_job_id)
 @storage_option
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors

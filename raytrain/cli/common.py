@@ -56,3 +56,17 @@ k8s_connection_options = with_options(
     click.option("--kubeconfig", "k8s_kubeconfig", type=click.Path(), metavar="FILE",
                  help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)."),
 )
+
+
+def complete_job_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+    """Shell completion for a job id: the runs in the local runs folder, newest first (no cluster call)."""
+    from click.shell_completion import CompletionItem
+
+    from raytrain import paths
+
+    try:
+        runs = sorted(paths.default_storage().iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return []
+    return [CompletionItem(p.name) for p in runs if p.is_dir() and p.name.startswith(incomplete)
+            and not p.name.startswith(".")]

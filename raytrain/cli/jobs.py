@@ -8,9 +8,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from raytrain import timings
-from raytrain.cli.common import address_option, handle_errors, k8s_connection_options, print_json, with_options
+from raytrain import events, timings
+from raytrain.cli.common import (
+    address_option, complete_job_id, handle_errors, k8s_connection_options, print_json, with_options,
+)
+from raytrain.cli.log_filter import LogFilter, wants_color
 from raytrain.cli.progress import describe_metrics, describe_preflight, describe_resize
+from raytrain.errors import ConfigError
 from raytrain.targets.base import Target
 from raytrain.targets.factory import TargetOptions, make_target
 
@@ -83,7 +87,7 @@ def list_jobs(address, as_json, **k8s):
 
 
 @jobs.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @address_option
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--timings", "show_timings", is_flag=True,
@@ -130,25 +134,66 @@ def status(job_id, address, as_json, show_timings, **k8s):
 
 
 @jobs.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @address_option
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--verbose", "-v", is_flag=True, help="Ray's own lines too, as the log holds them.")
+@click.option("--rank", "ranks", type=int, multiple=True, metavar="N",
+              help="Only rank N's stdout/stderr, from the run's storage (also after the cluster stopped).")
+@click.option("--node", metavar="HOST|IP", help="Only the ranks that ran on this node, from the run's storage.")
+@click.option("--storage", metavar="PATH", help="--rank/--node: the run's storage where it was not the default.")
 @target_options
 @handle_errors
-def logs(job_id, address, follow, **k8s):
-    """The job's log (driver and workers)."""
+def logs(job_id, address, follow, verbose, ranks, node, storage, **k8s):
+    """The job's log (driver and workers); --rank/--node: single ranks' output, kept in the run's storage."""
+    if ranks or node:
+        return _rank_logs(job_id, list(ranks), node, storage, verbose)
     target = _target(address, k8s)
+    shown = LogFilter(color=wants_color(sys.stdout.isatty()), verbose=verbose)
+    partial = [""]
+
+    def write(text: str) -> None:
+        lines = (partial[0] + text).split("\n")
+        partial[0] = lines.pop()
+        out = [kept for kept in map(shown, lines) if kept is not None]
+        if out:
+            sys.stdout.write("\n".join(out) + "\n")
+            sys.stdout.flush()
+
     if follow:
         try:
-            target.follow(job_id, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+            target.follow(job_id, write)
         except KeyboardInterrupt:
             sys.exit(130)
     else:
-        sys.stdout.write(target.logs(job_id))
+        write(target.logs(job_id))
+    if partial[0]:
+        write("\n")
+
+
+def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | None, verbose: bool) -> None:
+    from raytrain import paths, run_record
+
+    folder = run_record.find(job_id, [storage, str(paths.default_storage())])
+    found = run_record.rank_logs(folder) if folder is not None else {}
+    if not found:
+        raise ConfigError(f"{job_id}: no per-rank logs in {storage or paths.default_storage()} (give the run's "
+                          "--storage; runs on remote storage keep none)", flag="--rank")
+    chosen = {r: p for r, p in found.items() if (not ranks or r in ranks)
+              and (node is None or node in run_record.nodes_of(p))}
+    if not chosen:
+        what = f"rank(s) {', '.join(map(str, ranks))}" if ranks else f"node {node}"
+        raise ConfigError(f"{job_id}: no {what}; the run has rank(s) {', '.join(map(str, found))}",
+                          flag="--rank" if ranks else "--node")
+    for rank, path in chosen.items():
+        prefix = f"(rank {rank}) " if len(chosen) > 1 else ""
+        for line in path.read_text(errors="replace").splitlines():
+            if verbose or events.MARKER not in line:
+                click.echo(prefix + line)
 
 
 @jobs.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_id)
 @address_option
 @click.option("--wait/--no-wait", default=True, help="Wait until the job has stopped (default).")
 @target_options

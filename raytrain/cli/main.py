@@ -10,6 +10,7 @@ from raytrain.cli.checkpoints import export, list_checkpoints
 from raytrain.cli.cluster import cluster
 from raytrain.cli.gpus import gpus
 from raytrain.cli.jobs import jobs
+from raytrain.cli.metrics import compare, metrics, plot
 from raytrain.cli.plan import plan
 from raytrain.cli.submit import submit
 
@@ -75,6 +76,8 @@ main.add_command(jobs)
 main.add_command(export)
 main.add_command(gpus)
 jobs.add_command(list_checkpoints)
+for command in (metrics, plot, compare):
+    jobs.add_command(command)
 main.add_command(plan)
 
 if __name__ == "__main__":

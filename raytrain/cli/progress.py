@@ -8,6 +8,7 @@ from rich.live import Live
 from rich.text import Text
 
 from raytrain import events
+from raytrain.cli.log_filter import LogFilter, wants_color
 
 
 def gb(nbytes: float) -> str:
@@ -28,7 +29,7 @@ def memory_summary(facts: events.JobFacts) -> list[str]:
     if facts.estimate:
         e = facts.estimate
         lines.append(
-            f"planner estimate per GPU: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
+            f"planner estimate per {'GPU' if gpu else 'worker'}: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
             f"{e['params']:,} parameters; activations not included)"
         )
     return lines
@@ -62,18 +63,34 @@ def describe_resize(event: dict) -> str:
     )
 
 
+SHOWN = ("event", "step", "total_steps", "loss", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+         "data_wait_s", "step_time_s", "elapsed_s", "wall_time")
+
+
+def _number(m: dict, key: str) -> float | None:
+    value = m.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def describe_metrics(m: dict) -> str:
-    parts = [f"step {m.get('step', '?')}"]
-    if isinstance(m.get("loss"), (int, float)):
+    total = _number(m, "total_steps")
+    parts = [f"step {m.get('step', '?')}" + (f"/{int(total)}" if total else "")]
+    if _number(m, "loss") is not None:
         parts.append(f"loss {m['loss']:.4f}")
-    if isinstance(m.get("samples_per_s"), (int, float)):
+    if _number(m, "samples_per_s") is not None:
         parts.append(f"{m['samples_per_s']:.1f} samples/s")
-    if isinstance(m.get("step_time_s"), (int, float)):
+    if _number(m, "tokens_per_s") is not None:
+        parts.append(f"{m['tokens_per_s']:,.0f} tokens/s")
+    if _number(m, "tflops_per_gpu") is not None:  # GPU workers only (the worker derives it only there)
+        parts.append(f"{m['tflops_per_gpu']:.1f} TFLOP/s per GPU")
+    if _number(m, "mfu") is not None:
+        parts.append(f"MFU {m['mfu'] * 100:.1f}%")
+    if _number(m, "step_time_s") is not None:
         parts.append(f"{m['step_time_s'] * 1000:.0f} ms/step")
     if isinstance(m.get("data_wait_s"), (int, float)):
         parts.append(f"data wait {m['data_wait_s'] * 1000:.0f} ms/step")
     for key, value in m.items():
-        if key in ("event", "step", "loss", "samples_per_s", "step_time_s", "data_wait_s", "elapsed_s", "wall_time") or key.endswith("_gb"):
+        if key in SHOWN or key.endswith("_gb"):
             continue
         if isinstance(value, float):
             parts.append(f"{key} {value:.4g}")
@@ -82,16 +99,33 @@ def describe_metrics(m: dict) -> str:
     return "  ".join(parts)
 
 
-# Ray Train logs each ray.train.report at INFO from every worker; raytrain's progress line says it better.
-NOISE = ("Reporting training result ",)
+def _clock(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def describe_eta(facts: events.JobFacts, width: int = 20) -> str:
+    """A bar and the time left, when the job gave its length (total_steps); else "". The pace is the mean step
+    time of the last (up to) 10 reports."""
+    last = facts.last_metrics or {}
+    total, step = _number(last, "total_steps"), _number(last, "step")
+    if not total or step is None:
+        return ""
+    done = min(max(step / total, 0.0), 1.0)
+    bar = "#" * round(done * width) + "." * (width - round(done * width))
+    times = [m["step_time_s"] for m in facts.metrics[-10:] if _number(m, "step_time_s")]
+    eta = f"  ETA {_clock((total - step) * sum(times) / len(times))}" if times and step < total else ""
+    return f"[{bar}] {done * 100:3.0f}%{eta}"
 
 
 class ProgressPrinter:
     """Feed it log text (``on_text``); it prints log lines and keeps one live progress line."""
 
-    def __init__(self, console: Console | None = None, *, show_logs: bool = True):
+    def __init__(self, console: Console | None = None, *, show_logs: bool = True, verbose: bool = False):
         self.console = console or Console(stderr=False)
         self.show_logs = show_logs
+        self.filter = LogFilter(color=wants_color(self.console.is_terminal), verbose=verbose)
         self.facts = events.JobFacts()
         self._partial = ""
         self._started = time.monotonic()
@@ -116,6 +150,9 @@ class ProgressPrinter:
         last = self.facts.last_metrics
         state = "waiting for workers" if self.facts.started is None else "training"
         body = describe_metrics(last) if last else state
+        eta = describe_eta(self.facts)
+        if eta:
+            body = f"{eta}  {body}"
         peak = self.facts.peak_memory()
         if peak:
             key = "gpu_memory_peak" if peak[0] == "gpu" else "rss_peak"
@@ -137,13 +174,17 @@ class ProgressPrinter:
     def _line(self, line: str) -> None:
         event = events.parse_line(line)
         if event is None:
-            if self.show_logs and line.strip() and not any(n in line for n in NOISE):
-                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            shown = self.filter(line) if self.show_logs and line.strip() else None
+            if shown is not None:
+                self.console.print(Text.from_ansi(shown) if self.filter.color else shown,
+                                   markup=False, highlight=False, soft_wrap=True)
             return
         self.facts.add(event)
         kind = event.get("event")
         if kind == events.METRICS and self._live is None:
-            self.console.print(describe_metrics(event), markup=False, highlight=False)
+            eta = describe_eta(self.facts).partition("ETA ")[2]
+            line = describe_metrics(event) + (f"  ETA {eta}" if eta else "")
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         elif kind == events.STARTED:
             self.console.print(
                 f"raytrain: training {event.get('name')} on {event.get('workers')} worker(s), "

@@ -154,12 +154,14 @@ def _say_script_mode(options: Options, plan) -> None:
             )
 
 
-def _follow(console: Console, target, handle, *, quiet: bool, stop_on_interrupt: bool):
-    """Follow the job to its end (its log unless ``quiet``); Ctrl-C leaves it running unless asked to stop."""
-    printer = ProgressPrinter(console, show_logs=not quiet)
+def _follow(console: Console, target, handle, *, quiet: bool, verbose: bool, stop_on_interrupt: bool,
+            storage: str | None = None):
+    """Follow the job to its end (its log unless ``quiet``; Ray's own lines too with ``verbose``); Ctrl-C leaves
+    it running unless asked to stop."""
+    printer = ProgressPrinter(console, show_logs=not quiet, verbose=verbose)
     try:
         with printer:
-            return api.wait(handle, target, on_text=printer.on_text)
+            return api.wait(handle, target, on_text=printer.on_text, storage=storage)
     except KeyboardInterrupt:
         if stop_on_interrupt:
             target.stop(handle.job_id)
@@ -182,10 +184,11 @@ def _follow(console: Console, target, handle, *, quiet: bool, stop_on_interrupt:
 @click.option("--dry-run", is_flag=True, help="Print the exact request; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the progress line, not the job's log.")
+@click.option("--verbose", "-v", is_flag=True, help="Everything the job's log holds, Ray's own lines included.")
 @click.option("--stop-on-interrupt", is_flag=True, help="Ctrl-C stops the job (default: it keeps running).")
 @target_options
 @handle_errors
-def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, **flags):
+def submit(job, job_args, no_wait, dry_run, as_json, quiet, verbose, stop_on_interrupt, **flags):
     """Run JOB.py's train(ctx) on Ray workers with DeepSpeed, or (script mode) a deepspeed/torchrun script.
 
     Arguments after `--` are passed to the job as ctx.args, or to the script as its command line.
@@ -198,6 +201,8 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
         return
 
     console = Console(stderr=as_json)
+    if verbose:  # the driver keeps Ray's INFO lines too
+        request.runtime_env.setdefault("env_vars", {})["RAYTRAIN_VERBOSE"] = "1"
     handle = api.submit_request(target, request)
     if no_wait:
         if as_json:
@@ -206,8 +211,9 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, stop_on_interrupt, *
             console.print(f"submitted {handle.job_id}")
             console.print(f"  follow: raytrain jobs logs {handle.job_id}{_target_flags(target)} --follow")
         return
-    console.print(f"raytrain: submitted {handle.job_id} to {handle.address}", highlight=False)
-    info = _follow(console, target, handle, quiet=quiet, stop_on_interrupt=stop_on_interrupt)
+    console.print(f"raytrain: submitted {handle.job_id} to {handle.address}", highlight=False, soft_wrap=True)
+    info = _follow(console, target, handle, quiet=quiet, verbose=verbose, stop_on_interrupt=stop_on_interrupt,
+                   storage=request.plan.storage)
     last = info.facts.last_metrics if info.facts else None
     summary = describe_metrics(last) if last else "no metrics reported"
     console.print(f"raytrain: {handle.job_id} succeeded ({summary})", highlight=False, soft_wrap=True)

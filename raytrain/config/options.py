@@ -31,6 +31,20 @@ OFFLOADS = ("none", "optimizer", "all")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
 PP_PARTITIONS = ("parameters", "uniform")  # or "type:REGEX"
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+
+
+def parse_trackers(names: tuple[str, ...] | list[str] | str | None) -> list[str]:
+    """``--track NAME`` (repeatable; a profile may give a list or one name) -> the names, each once."""
+    if isinstance(names, str):
+        names = [names]
+    out: list[str] = []
+    for name in names or ():
+        if name not in TRACKERS:
+            raise ConfigError(f"--track {name}: not a tracker; use one of {', '.join(TRACKERS)}", flag="--track")
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def parse_env_pairs(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -155,6 +169,14 @@ class Options:
         "mode). Default: detected (no train(ctx), a __main__ block or module-level code).",
         switch=True,
     )
+    track: list[str] | str = option(  # a profile may give one name
+        "Log every report, memory, the config and a summary to a tracker from rank 0 (repeatable): "
+        "tensorboard and mlflow write under the run's storage by default; wandb honours its own env.",
+        metavar="NAME", choices=TRACKERS, multiple=True, from_flag=parse_trackers, default_factory=list,
+    )
+    mlflow_uri: str | None = option(
+        "MLflow tracking server for --track mlflow (default: an SQLite store under the run's storage).", metavar="URI"
+    )
     # ZeRO-3 "cache prefetch" and ZeRO++ "quantisation" strategies: config-file keys only
     prefetch_bucket_size: int | None = option("ZeRO-3 stage3_prefetch_bucket_size.", flag=False, type=int)
     max_live_parameters: int | None = option("ZeRO-3 stage3_max_live_parameters.", flag=False, type=int)
@@ -169,7 +191,7 @@ class Options:
             mine, theirs = getattr(self, f.name), getattr(base, f.name)
             if f.name in ("env", "data"):
                 values[f.name] = {**theirs, **mine}
-            elif f.name == "job_args":
+            elif f.name in ("job_args", "track"):
                 values[f.name] = mine or theirs
             else:
                 values[f.name] = theirs if mine is None else mine

@@ -68,6 +68,8 @@ class Plan:
     # script mode: options the workers add to the script's command line when its parser defines them and the
     # user did not give them (a Trainer script's --per_device_train_batch_size ...)
     script_defaults: dict[str, str] = field(default_factory=dict)
+    track: list[str] = field(default_factory=list)  # --track: tensorboard, mlflow, wandb (rank 0 logs to each)
+    mlflow_uri: str | None = None  # --mlflow-uri; None: a file store under the run's storage
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

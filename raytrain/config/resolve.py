@@ -24,7 +24,7 @@ from raytrain.config.hf_trainer import auto_config, merge_trainer_args, script_d
 from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
 from raytrain.config.data import parse_data_pairs, resolve_data
 from raytrain.config.jobfile import JobFile, check_job_file
-from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options
+from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options, parse_trackers
 from raytrain.config.parallel import check_parallel, check_zero3_keys
 from raytrain.config.plan import Plan, Scaling
 from raytrain.config.script_mode import script_mode_options
@@ -176,6 +176,12 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     start_timeout_s = check_number("start_timeout", _or_default(opts, "start_timeout"), 0, strict=False)
     interface = _interface(opts.interface)
     datasets, prefetch = _data(opts, job)
+    track = parse_trackers(opts.track)
+    if track and job.mode == "script":
+        raise ConfigError(f"--track {track[0]}: script mode reports no metrics (no ctx.report); write a "
+                          "train(ctx) job to track it", flag="--track")
+    if opts.mlflow_uri and "mlflow" not in track:
+        raise ConfigError(f"--mlflow-uri {opts.mlflow_uri}: add --track mlflow to log to it", flag="--mlflow-uri")
 
     tp = check_int("tp", _or_default(opts, "tp"), 1)
     pp = check_int("pp", _or_default(opts, "pp"), 1)
@@ -205,5 +211,5 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
         interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,
-        prefetch=prefetch,
+        prefetch=prefetch, track=track, mlflow_uri=opts.mlflow_uri,
     )

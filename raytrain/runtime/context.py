@@ -16,6 +16,7 @@ from raytrain.runtime.engine import build_engine
 from raytrain.runtime.memory_estimate import emit_estimate
 from raytrain.runtime.parallel import build_pipeline, prepare_tensor_parallel
 from raytrain.runtime.reporter import Reporter
+from raytrain.runtime.throughput import peak_tflops, steps_from_args
 from raytrain.runtime.resize import fit_to_world_size
 
 
@@ -69,6 +70,39 @@ class TrainContext:
         self._positions: dict[str, Position] = {}  # each --data dataset's position, saved with checkpoints
         self._loaders: list[ShardBatches] = []
         self._reported_wait_s = 0.0
+        self._reporter.world_size, self._reporter.on_gpu = world_size, plan.scaling.use_gpu
+        self._reporter.total_steps = steps_from_args(self.args)
+        if plan.scaling.use_gpu and torch.cuda.is_available():
+            self._reporter.gpu_peak_tflops = peak_tflops(torch.cuda.get_device_name(device))
+
+    # What the progress line and trackers derive from each report: set them in train(ctx) when known.
+    @property
+    def total_steps(self) -> int | None:
+        """The run's length in optimizer steps (default: a ``--steps N`` job argument): a bar and an ETA."""
+        return self._reporter.total_steps
+
+    @total_steps.setter
+    def total_steps(self, steps: int | None) -> None:
+        self._reporter.total_steps = steps
+
+    @property
+    def tokens_per_sample(self) -> float | None:
+        """Tokens in one sample (e.g. the sequence length): reports get tokens_per_s."""
+        return self._reporter.tokens_per_sample
+
+    @tokens_per_sample.setter
+    def tokens_per_sample(self, tokens: float | None) -> None:
+        self._reporter.tokens_per_sample = tokens
+
+    @property
+    def flops_per_sample(self) -> float | None:
+        """Training FLOPs of one sample (forward + backward, e.g. 6 x parameters x tokens): GPU workers' reports
+        get tflops_per_gpu and mfu."""
+        return self._reporter.flops_per_sample
+
+    @flops_per_sample.setter
+    def flops_per_sample(self, flops: float | None) -> None:
+        self._reporter.flops_per_sample = flops
 
     @property
     def checkpoint_every(self) -> int:
@@ -251,6 +285,8 @@ class TrainContext:
         if checkpoint is None:
             checkpoint = self._checkpoints.due(int(clean["step"]))
         if checkpoint and self.engine is not None:
+            if self._reporter.trackers is not None:  # a restore resumes after this step: log up to it first
+                self._reporter.trackers.flush()
             self._checkpoints.save(self.engine, clean, self._saved_state())
 
     def finish(self) -> None:
@@ -274,7 +310,7 @@ def _default_optimizer(lr: float, *, fused: bool) -> Any:
     return optimizer
 
 
-def make_context(plan: Plan, *, restore_from: str | None) -> TrainContext:
+def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") -> TrainContext:
     """The context of the calling Ray Train worker."""
     import ray.train
     import ray.train.torch
@@ -288,6 +324,11 @@ def make_context(plan: Plan, *, restore_from: str | None) -> TrainContext:
         device=ray.train.torch.get_device(),
         restore_from=restore_from,
     )
+    if plan.track:  # rank 0 logs every report to --track's trackers, in one tracker run per raytrain run
+        from raytrain.runtime import trackers
+
+        run_name = run_name or os.environ.get("RAYTRAIN_RUN_NAME", plan.name)
+        ctx._reporter.trackers = trackers.start(plan, rank=ctx.rank, run_name=run_name, log=ctx.log)
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     if interval > 0:
         ctx.start_monitor(interval)

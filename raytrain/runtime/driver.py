@@ -152,14 +152,21 @@ def watch_placement(plan: Plan):
 
 
 def main() -> int:
+    from raytrain import run_record, timings
+
+    plan = read_plan()
+    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
+    run_record.start(plan.storage, run_name, "driver")  # the run's events outlive the cluster
     for phase, t in timings.from_env().items():  # the client's marks (command, request built, submitted)
         timings.emit(phase, t)
     timings.emit("driver_started", timings.process_start_time())
-    plan = read_plan()
-    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
     import ray
 
-    ray.init(log_to_driver=True, runtime_env=_pinned_address())
+    import logging
+
+    # Ray's "Connecting to existing Ray cluster ..." lines only with `submit -v`.
+    quiet = not os.environ.get("RAYTRAIN_VERBOSE")
+    ray.init(log_to_driver=True, runtime_env=_pinned_address(), logging_level=logging.WARNING if quiet else logging.INFO)
     scaling = plan.scaling
     problem = capacity_problem(
         scaling.num_workers, scaling.resources_per_worker, cluster_nodes(), scaling.min_workers
@@ -188,6 +195,7 @@ def main() -> int:
 
         try:
             resume_from = resolve_resume(plan.resume, plan.storage).path
+            run_record.inherit_trackers(resume_from, plan.storage, run_name)  # the same tracker runs
         except ConfigError as exc:
             emit(events.INVALID, message=str(exc))
             return EXIT_CANNOT_RUN
@@ -221,7 +229,7 @@ def main() -> int:
     )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from},
+        train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from, "run": run_name},
         **datasets,
         torch_config=torch_config(timeout_s=float(plan.timeout_s), interface=plan.interface),
         scaling_config=ScalingConfig(

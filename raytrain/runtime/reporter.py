@@ -29,6 +29,13 @@ class Reporter:
         self.rank = rank
         self.train_batch = train_batch
         self.monitor = None  # a MemoryMonitor, once start_monitor ran
+        self.trackers = None  # rank 0's raytrain.runtime.trackers.Trackers (--track), fed each report
+        self.total_steps: int | None = None  # the run's length (ctx.total_steps): the progress bar and ETA
+        self.tokens_per_sample: float | None = None  # ctx.tokens_per_sample: tokens/s
+        self.flops_per_sample: float | None = None  # ctx.flops_per_sample: TFLOP/s and MFU on GPU workers
+        self.world_size = 1
+        self.on_gpu = False
+        self.gpu_peak_tflops: float | None = None
         self.last_metrics: dict[str, Any] = {}
         self._reports = 0
         self._last_step = 0
@@ -71,6 +78,14 @@ class Reporter:
         if data_wait_s is not None:  # seconds per step the job waited for ctx.dataset's next batch
             clean.setdefault("data_wait_s", round(data_wait_s / max(steps_done, 1), 5))
         self._last_time, self._last_step = now, int(step)
+        from raytrain.runtime.throughput import derived
+
+        for key, value in derived(clean, tokens_per_sample=self.tokens_per_sample,
+                                  flops_per_sample=self.flops_per_sample, world_size=self.world_size,
+                                  gpu_peak_tflops=self.gpu_peak_tflops, on_gpu=self.on_gpu).items():
+            clean.setdefault(key, value)
+        if self.total_steps:
+            clean.setdefault("total_steps", int(self.total_steps))
         clean.setdefault("elapsed_s", round(now - self._started, 3))
         clean.setdefault("wall_time", round(time.time(), 3))
         if self.monitor is not None:
@@ -87,6 +102,8 @@ class Reporter:
         clean = self.step_metrics(metrics, engine_step=engine_step, data_wait_s=data_wait_s)
         if self.rank == 0:
             events.emit(events.METRICS, **clean)
+            if self.trackers is not None:
+                self.trackers.report(clean)
         self.memory_event()
         return clean
 
@@ -113,3 +130,8 @@ class Reporter:
         if self.monitor is not None:
             self.monitor.stop()
             self.memory_event(final=True)
+        if self.trackers is not None:
+            last = self.last_metrics
+            self.trackers.finish({
+                "steps": last.get("step"), "final_loss": last.get("loss"), "elapsed_s": last.get("elapsed_s"),
+            })

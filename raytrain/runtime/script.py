@@ -344,6 +344,8 @@ def run_script(
             print(message, flush=True)
 
     os.environ.update(launcher_env(launch))
+    if launch.rank != 0:
+        os.environ.setdefault("TQDM_DISABLE", "1")  # one progress bar (rank 0's) in the job's log, not N
     tmp = tempfile.mkdtemp(prefix="raytrain-script-")
     saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), os.getcwd()
     try:

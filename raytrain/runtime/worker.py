@@ -18,9 +18,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     import ray.train
 
-    from raytrain import timings
+    from raytrain import run_record, timings
 
     rank = ray.train.get_context().get_world_rank()
+    run_record.start(plan.storage, config.get("run", ""), f"rank-{rank}")
+    from raytrain.runtime import rank_log
+
+    rank_log.start(run_record.record_dir(plan.storage, config.get("run", "")), rank, ray.util.get_node_ip_address())
     timings.emit("worker_process", timings.process_start_time(), rank=rank)
     timings.emit("train_fn", rank=rank)
 
@@ -41,8 +45,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
         return run_on_worker(plan)
     module = load_job(plan.job_module)
-    ctx = make_context(plan, restore_from=restore_point(config))
-    module.train(ctx)
+    ctx = make_context(plan, restore_from=restore_point(config), run_name=config.get("run", ""))
+    try:
+        module.train(ctx)
+    except BaseException:
+        if ctx._reporter.trackers is not None:  # the steps reported so far reach the trackers
+            ctx._reporter.trackers.flush(timeout_s=30.0)
+        raise
     ctx.finish()
 
 

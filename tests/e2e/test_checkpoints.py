@@ -16,8 +16,8 @@ GPT_Z3 = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--grad-accum"
 CNN_Z1 = ["--workers", "2", "--zero", "1", "--precision", "bf16", "--micro-batch", "8", "--checkpoint-every", "3"]
 
 
-def submit_json(cli, job, flags, job_args, expect=0):
-    proc = cli("submit", job, *flags, "--json", "--", *job_args)
+def submit_json(cli, job, flags, job_args, expect=0, timeout=300):
+    proc = cli("submit", job, *flags, "--json", "--", *job_args, timeout=timeout)
     assert proc.returncode == expect, proc.stdout + proc.stderr
     return json.loads(proc.stdout) if expect == 0 else proc
 
@@ -31,23 +31,106 @@ def gpt_baseline(e2e_env, tmp_path_factory):
     return info, e2e_env.facts(info["id"]), probe
 
 
-def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline):
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on loopback, on a port free at run time; stopped after the test."""
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow = Path(sys.executable).parent / "mlflow"
+    proc = subprocess.Popen(
+        [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--default-artifact-root", str(tmp_path / "art")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(1)
+        yield uri
+    finally:
+        import os
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+
+
+def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline, mlflow_server, tmp_path):
     base_info, base, _ = gpt_baseline
     assert base.checkpoints == [4, 8, 10]  # every 4 steps and at the end
-    info = submit_json(cli, JOBS / "gpt_zero.py", [*GPT_Z3, "--max-failures", "1"],
-                       ["--steps", "10", "--fail-once-at-step", "6"])
+    info = submit_json(cli, JOBS / "gpt_zero.py",
+                       [*GPT_Z3, "--max-failures", "1", "--track", "tensorboard", "--track", "mlflow",
+                        "--mlflow-uri", mlflow_server],
+                       ["--steps", "10", "--fail-once-at-step", "6"], timeout=600)
     facts = cli.facts(info["id"])
     assert info["state"] == "succeeded" and info["restarts"] == 1
     steps = [m["step"] for m in facts.metrics]
     assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10]  # steps 5-6 redone from the step-4 checkpoint
     assert facts.losses[-1] == base.losses[-1]  # bit for bit
     assert facts.losses[-4:] == base.losses[-4:]
+    check_trackers(info["id"], Path(cli.env["RAYTRAIN_HOME"]) / "runs" / info["id"], mlflow_server, facts)
+    check_metrics_and_plots(cli, info["id"], base_info["id"], tmp_path)
+
+
+def check_trackers(job, run_dir, mlflow_uri, facts):
+    """--track tensorboard --track mlflow across the restart: one run each, one value per step, the params."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    by_step = {m["step"]: m["loss"] for m in facts.metrics}  # the redone steps' first values were logged
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    tb = [(e.step, e.value) for e in acc.Scalars("loss")]
+    assert [s for s, _ in tb] == list(range(1, 11)), tb
+    assert tb[-1][1] == pytest.approx(by_step[10], rel=1e-6)
+    assert any(t.startswith("memory/peak_rank") for t in acc.Tags()["scalars"])
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("gpt-zero").experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_name == job and runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, 11)), history
+    params = runs[0].data.params
+    assert params["deepspeed.zero_optimization.stage"] == "3" and params["raytrain.max_failures"] == "1"
+    assert params["deepspeed.gradient_accumulation_steps"] == "2"
+    assert runs[0].data.tags["summary.steps"] == "10"
+
+
+def check_metrics_and_plots(cli, job, baseline, tmp_path):
+    """`jobs metrics|plot|compare` on real runs, read from the run's record in storage."""
+    data = cli.json("jobs", "metrics", job)
+    assert [s["step"] for s in data["steps"]] == list(range(1, 11)) and set(data["memory"]) == {"0", "1"}
+    from matplotlib import image
+
+    rank1 = cli("jobs", "logs", job, "--rank", "1", check=True).stdout  # both attempts, from storage
+    assert "rank 1: simulated crash at step 6" in rank1 and rank1.count("# raytrain rank 1 on ") == 2, rank1
+    for args, name in ((["plot", job], "run.png"), (["compare", baseline, job], "cmp.png")):
+        out = tmp_path / name
+        cli("jobs", *args, "-o", out, check=True)
+        pixels = image.imread(str(out))
+        assert pixels.shape[0] >= 600 and (pixels[..., :3] < 0.5).mean() > 0.005
 
 
 def test_without_max_failures_a_killed_worker_fails_the_job(cli):
     proc = submit_json(cli, JOBS / "cnn.py", ["--workers", "2", "--micro-batch", "4"],
                        ["--steps", "4", "--fail-once-at-step", "2"], expect=1)
     assert "failed" in proc.stderr
+    # the failure names the rank and shows its last lines, kept in the run's storage (issue 17)
+    assert "last lines of rank 1" in proc.stderr and "rank 1: simulated crash at step 2" in proc.stderr, proc.stderr
 
 
 def test_stop_then_resume_continues_where_it_stopped(cli):

@@ -19,7 +19,7 @@ CNN = str(JOBS / "cnn.py")
 FIELDS = [f.name for f in dataclasses.fields(Options)]
 # `submit`'s options that are not Options fields: the profile path, output and waiting, and the target's
 # Kubernetes flags (raytrain.cli.k8s).
-NOT_OPTIONS = {"config", "no_wait", "dry_run", "as_json", "quiet", "stop_on_interrupt"}
+NOT_OPTIONS = {"config", "no_wait", "dry_run", "as_json", "quiet", "verbose", "stop_on_interrupt"}
 
 
 def _submit_params():
@@ -117,13 +117,16 @@ def test_every_flag_reaches_its_option():
     flags = {name: _sample(name) for name in flagged}
     flags["env"] = ("A=1", "B=x=y")  # as Click gives a repeatable flag
     flags["data"] = ("train=a.jsonl", "eval=b=c.csv")
+    flags["track"] = ("mlflow", "tensorboard", "mlflow")
     opts = options_from_flags("job.py", ("--x",), **flags)
     expected = {**flags, "env": {"A": "1", "B": "x=y"}, "data": {"train": "a.jsonl", "eval": "b=c.csv"},
-                "job": "job.py", "job_args": ["--x"]}
+                "track": ["mlflow", "tensorboard"], "job": "job.py", "job_args": ["--x"]}
     assert {k: getattr(opts, k) for k in expected} == expected
     assert all(getattr(opts, n) is None for n, s in SPECS.items() if not s.flag and n not in ("job", "job_args"))
     with pytest.raises(ConfigError, match="--env NOEQ: expected KEY=VALUE"):
         options_from_flags("job.py", (), env=("NOEQ",))
+    with pytest.raises(ConfigError, match="--track neptune: not a tracker; use one of tensorboard, mlflow, wandb"):
+        options_from_flags("job.py", (), track=("neptune",))
 
 
 def test_flags_win_over_the_profile(tmp_path):

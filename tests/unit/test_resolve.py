@@ -199,3 +199,17 @@ def test_profile_unknown_key(tmp_path):
 def test_flags_override_profile():
     merged = Options(workers=4).merged_over(Options(workers=2, zero=3))
     assert merged.workers == 4 and merged.zero == 3
+
+
+def test_trackers_reach_the_plan_and_bad_combinations_are_refused(tmp_path):
+    p = plan(track=["tensorboard", "mlflow"], mlflow_uri="http://127.0.0.1:5000")
+    assert p.track == ["tensorboard", "mlflow"] and p.mlflow_uri == "http://127.0.0.1:5000"
+    assert plan().track == [] and plan().mlflow_uri is None
+    with pytest.raises(ConfigError, match="--mlflow-uri http://x: add --track mlflow") as err:
+        plan(track=["tensorboard"], mlflow_uri="http://x")
+    assert err.value.flag == "--mlflow-uri"
+    with pytest.raises(ConfigError, match="--track wandb: script mode reports no metrics"):
+        plan(job=str(JOBS.parent / "tests" / "e2e" / "scripts" / "ddp_regression.py"), track=["wandb"])
+    profile = tmp_path / "p.yaml"
+    profile.write_text("track: mlflow\n")
+    assert resolve(Options(job=CNN).merged_over(load_profile(profile))).track == ["mlflow"]

@@ -1,0 +1,101 @@
+"""A run's own record in its storage, kept after the cluster is gone: every process's events
+(``<storage>/<run>/raytrain/events-<who>.log``, each line ``<unix time> @@raytrain {json}``), the same lines
+the job's log holds. `jobs metrics|plot|compare` read it, falling back to the job's log on the cluster."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from raytrain.storage import is_uri
+
+FOLDER = "raytrain"
+
+
+def record_dir(storage: str | None, run_name: str) -> Path | None:
+    """Where a run keeps its record; None where the storage is not a path (a URI, or Ray's default)."""
+    if not storage or is_uri(storage) or not run_name:
+        return None
+    return Path(storage).expanduser() / run_name / FOLDER
+
+
+def start(storage: str | None, run_name: str, who: str) -> str | None:
+    """This process records its events under the run (``who``: "driver", "rank-0", ...); the file's path."""
+    from raytrain import events
+
+    folder = record_dir(storage, run_name)
+    if folder is None:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    path = str(folder / f"events-{who}.log")
+    events.record_to(path)
+    return path
+
+
+def read_lines(folder: Path) -> list[str]:
+    """Every recorded event line of a run, all processes merged in time order."""
+    timed = []
+    for path in sorted(folder.glob("events-*.log")):
+        for n, line in enumerate(path.read_text(errors="replace").splitlines()):
+            stamp, _, rest = line.partition(" ")
+            try:
+                timed.append((float(stamp), path.name, n, rest))
+            except ValueError:
+                continue
+    return [rest for *_, rest in sorted(timed)]
+
+
+def find(job_id: str, storages: list[str | None]) -> Path | None:
+    """The record of run ``job_id`` in the first of ``storages`` that has one."""
+    for storage in storages:
+        folder = record_dir(storage, job_id)
+        if folder is not None and folder.is_dir() and (any(folder.glob("events-*.log")) or (folder / "logs").is_dir()):
+            return folder
+    if os.path.isdir(job_id) and Path(job_id, FOLDER).is_dir():  # a run directory given as the id
+        return Path(job_id, FOLDER)
+    return None
+
+
+def inherit_trackers(checkpoint: str, storage: str | None, run_name: str) -> bool:
+    """``--resume``: the new run continues the tracker runs of the run ``checkpoint`` belongs to (its
+    trackers.json, copied once). True if there was one to copy."""
+    source = Path(checkpoint).parent / FOLDER / "trackers.json"
+    folder = record_dir(storage, run_name)
+    if folder is None or not source.is_file() or (folder / "trackers.json").exists():
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trackers.json").write_text(source.read_text())
+    return True
+
+
+def rank_logs(folder: Path) -> dict[int, Path]:
+    """rank -> its stdout/stderr copy (raytrain.runtime.rank_log)."""
+    out = {}
+    for path in (folder / "logs").glob("rank-*.log"):
+        try:
+            out[int(path.stem.split("-", 1)[1])] = path
+        except ValueError:
+            continue
+    return dict(sorted(out.items()))
+
+
+def nodes_of(path: Path) -> set[str]:
+    """The hosts and IPs a rank ran on (every attempt's header line names them)."""
+    found = set()
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith("# raytrain rank "):
+                words = line.split()
+                if len(words) >= 7:
+                    found |= {words[5], words[6].strip("()")}
+    return found
+
+
+def tail(path: Path, lines: int = 15) -> list[str]:
+    """The last ``lines`` lines of a rank's log that are not raytrain's event lines."""
+    from raytrain.events import MARKER
+
+    text = path.read_text(errors="replace").splitlines()
+    return [line for line in text if MARKER not in line and not line.startswith("# raytrain rank ")][-lines:]

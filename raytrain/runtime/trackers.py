@@ -1,0 +1,278 @@
+"""``--track tensorboard|mlflow|wandb``: rank 0 logs every ``ctx.report``, every worker's peak memory, the
+resolved DeepSpeed config and flags (as params) and a final summary to each tracker, through its own library
+(imported only here, only when asked for).
+
+One tracker run per raytrain run: ``<storage>/<run>/raytrain/trackers.json`` keeps each tracker's run id and
+the last step it logged, so a restart after a worker failure, an elastic resize or a ``--resume`` (whose state
+the driver copies from the run it continues) appends to the same tracker run and never logs a step twice.
+Logging happens on a background thread: a report costs the step a queue put."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "trackers.json"
+MEMORY_EVERY_S = 10.0
+SKIP_KEYS = ("step", "event", "wall_time", "total_steps")
+
+
+def flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as ``a.b.c`` keys (lists as JSON text): params every tracker accepts."""
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for key, value in data.items():
+            out.update(flat(value, f"{prefix}{key}."))
+    elif isinstance(data, (list, tuple)):
+        out[prefix[:-1]] = json.dumps(data, default=str)
+    else:
+        out[prefix[:-1]] = data
+    return out
+
+
+def plan_params(plan: Any) -> dict[str, Any]:
+    """The flags (the plan's scalar fields) and the exact DeepSpeed config, as params."""
+    d = plan.to_dict()
+    params = {f"raytrain.{k}": v for k, v in flat({k: v for k, v in d.items() if k != "deepspeed"}).items()}
+    params.update({f"deepspeed.{k}": v for k, v in flat(plan.deepspeed).items()})
+    return {k: ("" if v is None else v) for k, v in params.items()}
+
+
+def numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v) for k, v in metrics.items()
+        if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+class State:
+    """The trackers' run ids and last logged steps, kept in the run's record folder."""
+
+    def __init__(self, folder: Path | None):
+        self.path = folder / STATE_FILE if folder is not None else None
+        self.data: dict[str, dict] = {}
+        if self.path is not None and self.path.is_file():
+            try:
+                self.data = json.loads(self.path.read_text())
+            except ValueError:
+                self.data = {}
+
+    def of(self, name: str) -> dict:
+        return self.data.setdefault(name, {})
+
+    def save(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, sort_keys=True))
+            tmp.replace(self.path)
+
+
+class TensorBoard:
+    name = "tensorboard"
+
+    def __init__(self, state: dict, *, run_dir: Path, run_name: str, plan: Any, params: dict):
+        from torch.utils.tensorboard import SummaryWriter
+
+        state.setdefault("dir", str(run_dir / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=state["dir"])
+        if not state.get("params_logged"):
+            self.writer.add_text("raytrain/params", "\n".join(f"    {k} = {v}" for k, v in sorted(params.items())))
+            self.writer.add_text("raytrain/deepspeed", "    " + json.dumps(plan.deepspeed, indent=2).replace("\n", "\n    "))
+            state["params_logged"] = True
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def summary(self, summary: dict, step: int) -> None:
+        self.writer.add_text("raytrain/summary", "    " + json.dumps(summary, indent=2).replace("\n", "\n    "), step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MLflow:
+    name = "mlflow"
+
+    def __init__(self, state: dict, *, run_dir: Path, run_name: str, plan: Any, params: dict):
+        from mlflow.tracking import MlflowClient
+
+        if not (plan.mlflow_uri or state.get("uri")):  # MLflow 3 keeps its file store read-only: SQLite
+            (run_dir / "mlflow").mkdir(parents=True, exist_ok=True)
+        uri = plan.mlflow_uri or state.get("uri") or f"sqlite:///{(run_dir / 'mlflow' / 'mlflow.db').resolve()}"
+        state["uri"] = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        if not state.get("run_id"):
+            experiment = self.client.get_experiment_by_name(plan.name)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(plan.name)
+            run = self.client.create_run(experiment_id, run_name=run_name, tags={"raytrain.run": run_name})
+            state["run_id"] = run.info.run_id
+        self.run_id = state["run_id"]
+        if not state.get("params_logged"):
+            from mlflow.entities import Param
+
+            items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+            for i in range(0, len(items), 100):  # MLflow's batch limit
+                self.client.log_batch(self.run_id, params=items[i:i + 100])
+            state["params_logged"] = True
+        self.client.update_run(self.run_id, status="RUNNING")
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+
+    def summary(self, summary: dict, step: int) -> None:
+        for key, value in flat(summary).items():
+            self.client.set_tag(self.run_id, f"summary.{key}", str(value))
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+class WandB:
+    name = "wandb"
+
+    def __init__(self, state: dict, *, run_dir: Path, run_name: str, plan: Any, params: dict):
+        import wandb
+
+        import secrets
+
+        state.setdefault("id", secrets.token_hex(4))
+        folder = run_dir / "wandb"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=plan.name, name=run_name, id=state["id"], resume="allow", dir=str(folder), config=params,
+            reinit="create_new",
+        )
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def summary(self, summary: dict, step: int) -> None:
+        self.run.summary.update(flat(summary))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+KINDS = {"tensorboard": TensorBoard, "mlflow": MLflow, "wandb": WandB}
+
+
+def peak_memory(record_dir: Path | None) -> dict[int, float]:
+    """Every rank's peak memory (GPU, else RSS; bytes) from the run's record (all ranks write one)."""
+    from raytrain import events
+
+    peaks: dict[int, float] = {}
+    if record_dir is None:
+        return peaks
+    for path in record_dir.glob("events-rank-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            event = events.parse_line(line)
+            if event and event.get("event") == events.MEMORY:
+                value = event.get("gpu_memory_peak") or event.get("rss_peak")
+                if value:
+                    rank = int(event.get("rank", 0))
+                    peaks[rank] = max(peaks.get(rank, 0.0), float(value))
+    return peaks
+
+
+class Trackers:
+    """Rank 0's trackers. ``report(metrics)`` queues; a thread logs each step once (steps at or below the
+    last one logged, by this process or one before it, are skipped). ``finish(summary)`` drains and closes."""
+
+    def __init__(self, plan: Any, *, run_name: str, record_dir: Path | None, log=print):
+        self.plan, self.run_name, self.record_dir, self.log = plan, run_name, record_dir, log
+        self.state = State(record_dir)
+        self.active: list[Any] = []
+        self.queue: queue.Queue = queue.Queue()
+        self._last_memory = 0.0
+        self._step = 0
+        run_dir = record_dir.parent if record_dir is not None else Path.cwd()
+        params = plan_params(plan)
+        for name in plan.track:
+            try:
+                self.active.append(KINDS[name](self.state.of(name), run_dir=run_dir, run_name=run_name,
+                                               plan=plan, params=params))
+            except ImportError as exc:
+                log(f"raytrain: --track {name}: {exc.name or exc} is not installed on the cluster "
+                    "(pip install 'raytrain[track]'); not tracking to it")
+            except Exception as exc:  # a tracker never stops training
+                log(f"raytrain: --track {name}: cannot start ({type(exc).__name__}: {exc}); not tracking to it")
+        self.state.save()
+        self.thread = threading.Thread(target=self._run, name="raytrain-trackers", daemon=True)
+        self.thread.start()
+
+    def report(self, metrics: dict[str, Any]) -> None:
+        self.queue.put(("metrics", dict(metrics)))
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Wait until every queued report is logged: before a checkpoint (the restore point: no step at or
+        below it may be lost when a worker dies) and when training raised."""
+        deadline = time.monotonic() + timeout_s
+        while self.queue.unfinished_tasks and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def finish(self, summary: dict[str, Any], timeout_s: float = 60.0) -> None:
+        self.queue.put(("finish", summary))
+        self.thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            kind, data = self.queue.get()
+            try:
+                if kind == "finish":
+                    self._finish(data)
+                    return
+                self._log(data)
+            finally:
+                self.queue.task_done()
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        step = int(metrics.get("step", 0))
+        self._step = max(self._step, step)
+        values = numbers(metrics)
+        if time.monotonic() - self._last_memory > MEMORY_EVERY_S:
+            self._last_memory = time.monotonic()
+            values.update(self._memory())
+        for tracker in self.active:
+            state = self.state.of(tracker.name)
+            if step <= state.get("last_step", 0):
+                continue  # logged before a restart: one value per step
+            self._call(tracker, "log", values, step)
+            state["last_step"] = step
+            self.state.save()  # at once: a worker killed during the next tracker's (slow) call repeats nothing
+
+    def _memory(self) -> dict[str, float]:
+        return {f"memory/peak_rank{r}_gb": round(v / 1e9, 4) for r, v in sorted(peak_memory(self.record_dir).items())}
+
+    def _finish(self, summary: dict[str, Any]) -> None:
+        memory = self._memory()  # every worker's final peak, as metrics at the last step too
+        summary = {**summary, **memory}
+        for tracker in self.active:
+            if memory and self._step:
+                self._call(tracker, "log", memory, self._step)
+            self._call(tracker, "summary", summary, self._step)
+            self._call(tracker, "close")
+        self.state.save()
+
+    def _call(self, tracker: Any, method: str, *args: Any) -> None:
+        try:
+            getattr(tracker, method)(*args)
+        except Exception as exc:  # a tracker's failure never fails training
+            self.log(f"raytrain: --track {tracker.name}: {method} failed ({type(exc).__name__}: {exc})")
+
+
+def start(plan: Any, *, rank: int, run_name: str, log=print) -> Trackers | None:
+    """Rank 0's trackers for ``plan.track``; None on other ranks or without --track."""
+    if rank != 0 or not plan.track:
+        return None
+    from raytrain import run_record
+
+    return Trackers(plan, run_name=run_name, record_dir=run_record.record_dir(plan.storage, run_name), log=log)
