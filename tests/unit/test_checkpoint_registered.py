@@ -23,14 +23,19 @@ def test_waits_for_the_controllers_poll_then_returns(monkeypatch):
     monkeypatch.setattr(ray_context, "get_train_context", lambda: _Context(q))
     taken = []
 
-    def poll():  # the controller's next poll of this worker
-        time.sleep(0.2)
-        taken.append(q.get())
+    def controller():  # polls the worker every 0.2 s, as Ray Train's controller does
+        for _ in range(3):
+            time.sleep(0.2)
+            try:
+                taken.append((time.monotonic(), q.get_nowait()))
+            except queue.Empty:
+                taken.append((time.monotonic(), None))
 
-    threading.Thread(target=poll).start()
-    t0 = time.monotonic()
+    threading.Thread(target=controller).start()
     assert wait_until_registered(timeout_s=10) is True
-    assert taken and time.monotonic() - t0 >= 0.15
+    done = time.monotonic()
+    # returned only after the poll that took the report and the next one (which proves the first answered)
+    assert taken[0][1] == "the report with its checkpoint" and len(taken) >= 2 and done >= taken[1][0]
 
 
 def test_gives_up_after_its_timeout_and_outside_ray_train(monkeypatch):
