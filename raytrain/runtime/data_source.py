@@ -58,7 +58,11 @@ def read(spec: dict[str, str]) -> Any:
     if fmt == "text":
         return ray.data.read_text(path)
     if fmt == "hf":  # a datasets.save_to_disk folder: Arrow files the datasets library knows how to open
-        import datasets
+        try:
+            import datasets
+        except ImportError:
+            raise DataError(f"--data {spec['name']}={path} is a Hugging Face save_to_disk folder: reading it needs "
+                            "the datasets package where the job runs (pip install 'raytrain[hf]')") from None
 
         return ray.data.from_huggingface(datasets.load_from_disk(path))
     raise DataError(f"--data {spec['name']}={path}: unknown format {fmt!r}")
