@@ -35,12 +35,23 @@ def cluster_nodes() -> list[Node]:
     ]
 
 
+# What a rank raises when another rank died under it (the collective it was in lost its peer): never the cause.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "NCCL communicator was aborted",
+             "remote process exited or there was a network error")
+
+
+def failing_rank(failures: dict) -> int:
+    """The rank whose failure caused the others: the lowest rank that did not merely lose a peer."""
+    own = [rank for rank in sorted(failures) if not any(m in str(failures[rank]) for m in PEER_LOST)]
+    return own[0] if own else min(failures)
+
+
 def _root_cause(exc: BaseException) -> tuple[BaseException, int | None]:
     """The user's exception inside Ray Train's wrappers, and the rank that raised it (if known)."""
     rank = None
     failures = getattr(exc, "worker_failures", None)
     if failures:
-        rank = min(failures)
+        rank = failing_rank(failures)
         exc = failures[rank]
     elif isinstance(getattr(exc, "controller_failure", None), BaseException):
         exc = exc.controller_failure
@@ -74,7 +85,7 @@ def restart_announcer(max_failures: int):
                 return
             self.seen.add(key)
             self.failures += 1
-            rank = min(worker_exceptions)
+            rank = failing_rank(worker_exceptions)
             cause, _ = _root_cause(worker_exceptions[rank])
             if max_failures < 0 or self.failures <= max_failures:
                 emit(

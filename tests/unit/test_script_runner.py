@@ -219,6 +219,12 @@ def test_driver_reports_the_rank_and_root_cause_of_a_script_exit():
     exc, rank = _root_cause(WorkerGroupError({1: ScriptExit("train.py exited with status 3 on rank 1")}))
     assert rank == 1 and type(exc).__name__ == "ScriptExit"
     assert _one_line(exc) == "train.py exited with status 3 on rank 1"
+    # rank 0 only lost its peer in a collective: the failure is rank 1's (here: its process died)
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:8628: Connection reset by peer.")
+    exc, rank = _root_cause(WorkerGroupError({0: lost, 1: RuntimeError("A worker health check failed.")}))
+    assert rank == 1 and str(exc) == "A worker health check failed."
+    exc, rank = _root_cause(WorkerGroupError({0: lost, 1: lost}))  # nothing better known: the lowest rank
+    assert rank == 0
 
 
 # -- deepspeed hooks (a stand-in deepspeed: the real one is exercised by tests/e2e/test_scripts.py) ------
