@@ -10,8 +10,9 @@ B adds ``--env`` overrides that undo raytrain's per-job cuts: Ray Train's preemp
 (runtime/imports.py). On a machine where CPU is the limit (2 cores: CI), CPU seconds per job is what sets
 how long every test and edit-run loop takes; it is also the figure least disturbed by other load.
 
-CPU is read from /proc: every process under the local cluster's ``ray start`` (with the CPU of the children
-each has reaped) plus the CLI's own children, before and after the job. Uses the local cluster of the calling
+CPU is the machine's busy time (/proc/stat: user, nice, system, irq, softirq, steal) from the command's start
+to 3 s after its exit: run it on an otherwise idle machine. (Summing the cluster's process tree misses most
+of it: the raylet does not account the worker processes it reaps.) Uses the local cluster of the calling
 environment (RAYTRAIN_HOME, RAYTRAIN_PORT, ...), started if needed. Writes --out (JSON), prints a table.
 """
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -50,23 +50,29 @@ def tree_cpu_s(root: int) -> tuple[float, int]:
     return total / hz, count
 
 
-def children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy since boot (all cores)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+idle_cluster_cores = 0.0  # set by main(): what the idle cluster uses, taken off the 3 s after each job
 
 
 def one_job(side: str, job: str, flags: list[str], job_args: list[str], env: dict[str, str], root: int) -> dict:
     extra = [f for kv in RAY_DEFAULTS for f in ("--env", kv)] if side == "ray-defaults" else []
     cmd = bl.raytrain_cmd("submit", job, *flags, *extra, "--json", "-q", "--", *job_args)
     load = os.getloadavg()[0]
-    cpu0, cli0, t0 = tree_cpu_s(root)[0], children_cpu_s(), time.time()
+    cpu0, t0 = machine_busy_s(), time.time()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
                           cwd=bl.ROOT)
     wall = time.time() - t0
     time.sleep(3)  # let the raylet reap the job's last processes, so their CPU is counted
-    cpu1, live = tree_cpu_s(root)
+    cpu1, live = machine_busy_s(), tree_cpu_s(root)[1]
     run = {"side": side, "ok": proc.returncode == 0, "wall_s": round(wall, 2),
-           "cpu_s": round(cpu1 - cpu0 + children_cpu_s() - cli0, 2), "cluster_processes_after": live,
+           "cpu_s": round(cpu1 - cpu0 - 3 * idle_cluster_cores, 2), "cluster_processes_after": live,
            "load_before": round(load, 2)}
     try:
         job_id = json.loads(proc.stdout)["id"]
@@ -90,8 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(env.get("RAYTRAIN_HOME", Path.home() / ".raytrain"))
     root = json.loads((home / "cluster.json").read_text())["pid"]
     flags = ["--workers", "2", "--zero", str(args.zero)]
+    global idle_cluster_cores
     try:
         one_job("raytrain", args.job, flags, args.job_args.split(), env, root)  # warm-up: op caches, page cache
+        before = machine_busy_s()
+        time.sleep(10)
+        idle_cluster_cores = (machine_busy_s() - before) / 10
         runs = []
         for rnd in range(args.rounds):
             for side in ("raytrain", "ray-defaults"):
