@@ -20,13 +20,12 @@ script moved to raytrain trains as before.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 from pathlib import Path
 from typing import Any
 
 from raytrain.config.options import Options, flag_of
-from raytrain.config.script_args import options_end
+from raytrain.config.script_args import mentions, options_end
 from raytrain.errors import ConfigError
 
 MARKERS = ("TrainingArguments",)  # also matches Seq2SeqTrainingArguments
@@ -43,31 +42,12 @@ AUTO_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "t
 TRUE, FALSE = {"true", "yes", "y", "1", "t"}, {"false", "no", "n", "0", "f"}
 
 
-def _mentions(file: Path, limit: int = 1 << 20) -> bool:
-    try:
-        return file.stat().st_size <= limit and any(m in file.read_text(errors="replace") for m in MARKERS)
-    except OSError:
-        return False
-
-
 def is_trainer_script(path: Path, args: list[str] | None = None) -> bool:
     """Whether the script (or a module beside it that it imports, one level) uses ``TrainingArguments``, or its
     arguments are Trainer arguments (``--per_device_train_batch_size`` ...)."""
     if args and any(token.partition("=")[0] in ARG_OF.values() for token in args[:options_end(args)]):
         return True
-    if _mentions(path):
-        return True
-    try:
-        tree = ast.parse(path.read_text(errors="replace"))
-    except (OSError, SyntaxError, ValueError):
-        return False
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    return any(_mentions(path.parent / f"{name}.py") for name in sorted(names))
+    return mentions(path, *MARKERS, packages=False)
 
 
 def _bool(flag: str, value: str | None) -> bool:

@@ -7,7 +7,9 @@ that file's contents (the same rules as ``--ds-config``) and the workers get the
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
+from pathlib import Path
 
 CONFIG_FLAGS = ("--deepspeed_config", "--deepscale_config")
 HF_FLAG = "--deepspeed"  # Hugging Face TrainingArguments: --deepspeed takes the config path
@@ -70,3 +72,34 @@ def gives_option(args: list[str], *names: str) -> bool:
     """Whether ``args`` contain one of the options ``names`` (``--name`` or ``--name=VALUE``)."""
     end = options_end(list(args))
     return any(token.partition("=")[0] in names for token in list(args)[:end])
+
+
+def mentions(path: Path, *words: str, packages: bool = True, limit: int = 1 << 20) -> bool:
+    """Whether the script, or a module beside it that it imports (one level; with ``packages`` also a package
+    folder beside it), mentions any of ``words``."""
+
+    def in_file(file: Path) -> bool:
+        try:
+            return file.stat().st_size <= limit and any(w in file.read_text(errors="replace") for w in words)
+        except OSError:
+            return False
+
+    if in_file(path):
+        return True
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    for name in sorted(names):
+        module, package = path.parent / f"{name}.py", path.parent / name
+        if in_file(module):
+            return True
+        if packages and package.is_dir() and any(in_file(f) for f in sorted(package.glob("*.py"))):
+            return True
+    return False

@@ -30,7 +30,6 @@ Limits: the script runs in Ray Train's training thread, so ``signal.signal`` in 
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import functools
 import inspect
@@ -45,7 +44,9 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from raytrain.config.plan import Plan
-from raytrain.config.script_args import CONFIG_FLAGS, HF_FLAG, find_config_arg, gives_option, replace_config_args
+from raytrain.config.script_args import (
+    CONFIG_FLAGS, HF_FLAG, find_config_arg, gives_option, mentions, replace_config_args,
+)
 from raytrain.runtime.job_file import find_job_file
 
 ENV_CONFIG = "RAYTRAIN_DEEPSPEED_CONFIG"
@@ -212,34 +213,6 @@ def reuse_process_group() -> Iterator[None]:
 
 
 # -- deepspeed ------------------------------------------------------------------------------------------
-def mentions(path: Path, word: str, limit: int = 1 << 20) -> bool:
-    """Whether the script, or a module beside it that it imports (one level), mentions ``word``."""
-
-    def in_file(file: Path) -> bool:
-        try:
-            return file.stat().st_size <= limit and word in file.read_text(errors="replace")
-        except OSError:
-            return False
-
-    if in_file(path):
-        return True
-    try:
-        tree = ast.parse(path.read_text(errors="replace"))
-    except (OSError, SyntaxError, ValueError):
-        return False
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    for name in sorted(names):
-        module, package = path.parent / f"{name}.py", path.parent / name
-        if in_file(module) or (package.is_dir() and any(in_file(f) for f in sorted(package.glob("*.py")))):
-            return True
-    return False
-
-
 def uses_deepspeed(path: Path) -> bool:
     """Whether the script (or a module beside it, one level) mentions deepspeed. A torchrun script that does
     not is spared importing it (seconds per worker); a script that reaches deepspeed only deeper than that
