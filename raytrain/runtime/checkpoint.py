@@ -74,7 +74,21 @@ def universal_root() -> Path:
     return paths.private_dir(Path(tempfile.gettempdir()) / f"raytrain-universal-{os.getuid()}")
 
 
-def to_universal(directory: str, tag: str, *, local_rank: int) -> str:
+def _conversion_failure(directory: str, output: str, saved_world_size: int | None) -> str:
+    """Why ``ds_to_universal`` failed, in words: DeepSpeed's universal checkpoint re-cuts Adam-family state
+    only (``exp_avg``/``exp_avg_sq``); an SGD or other optimizer's checkpoint cannot be resharded."""
+    lines = output.strip().splitlines()
+    if any("KeyError: 'exp_avg" in line for line in lines):
+        again = f"--workers {saved_world_size}" if saved_world_size else "the number of workers that saved it"
+        return (f"raytrain: checkpoint {directory} cannot be resharded to another number of workers: its "
+                f"optimizer state is not Adam's (no exp_avg/exp_avg_sq), and DeepSpeed's universal checkpoint "
+                f"re-cuts Adam-family state only. Resume with {again}, or train with Adam/AdamW to be able to "
+                f"change the number of workers (ZeRO stage 0 keeps whole state and needs no re-cut)")
+    tail = "\n".join(lines[-15:])
+    return f"raytrain: converting {directory} to a universal checkpoint failed:\n{tail}"
+
+
+def to_universal(directory: str, tag: str, *, local_rank: int, saved_world_size: int | None = None) -> str:
     """Convert ``directory``/``tag`` to a DeepSpeed universal checkpoint in this node's temp dir (local
     rank 0 converts, the other ranks wait at a barrier); returns the folder to load ``tag`` from."""
     import hashlib
@@ -98,8 +112,7 @@ def to_universal(directory: str, tag: str, *, local_rank: int) -> str:
             capture_output=True, text=True,
         )
         if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise RuntimeError(f"raytrain: converting {directory} to a universal checkpoint failed:\n{tail}")
+            raise RuntimeError(_conversion_failure(directory, proc.stdout + proc.stderr, saved_world_size))
         (out / "latest_universal").write_text(tag)
         done.write_text(f"{time.monotonic() - started:.1f}")
     if dist.is_available() and dist.is_initialized():

@@ -43,7 +43,9 @@ class Checkpointer:
         if checkpoint.needs_reshard(saved.world_size, world_size=self.world_size, zero=zero):
             log(f"raytrain: checkpoint saved by {saved.world_size} worker(s), this run has "
                 f"{self.world_size}: resharding ZeRO state (DeepSpeed universal checkpoint)")
-            self._universal = checkpoint.to_universal(self.restore_from, saved.tag, local_rank=self.local_rank)
+            self._universal = checkpoint.to_universal(
+                self.restore_from, saved.tag, local_rank=self.local_rank, saved_world_size=saved.world_size
+            )
             config.setdefault("checkpoint", {})["load_universal"] = True
 
     def restore(self, engine: Any) -> tuple[int, dict[str, Any]] | None:
