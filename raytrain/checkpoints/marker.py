@@ -15,6 +15,9 @@ from typing import Any
 
 MARKER = "raytrain_rank{rank}.json"
 MARKER_GLOB = "raytrain_rank*.json"
+# A Hugging Face model's config, class and PEFT adapter config, written by rank 0 beside its shard (listed in
+# its marker): what ``raytrain export --format hf`` rebuilds the model from.
+HF_FILE = "raytrain_hf.json"
 
 
 @dataclass(frozen=True)

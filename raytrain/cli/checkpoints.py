@@ -1,4 +1,5 @@
-"""`raytrain jobs checkpoints RUN` and `raytrain export CKPT --out model.pt`."""
+"""`raytrain jobs checkpoints RUN` and `raytrain export CKPT --out model.pt` (``--format hf``: a Hugging Face
+model folder)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raytrain import paths
+from raytrain.checkpoints import marker as markers
 from raytrain.checkpoints import store
 from raytrain.cli.common import complete_job_id, handle_errors, print_json
 from raytrain.errors import ConfigError, RaytrainError
@@ -62,12 +64,13 @@ def list_checkpoints(run, storage, as_json):
 EXPORT_TIMEOUT_S = 3600.0  # the longest `export` waits for DeepSpeed's consolidation
 
 
-def run_export(checkpoint: str, out: str, timeout_s: float = EXPORT_TIMEOUT_S) -> dict:
-    """``python -m raytrain.runtime.export`` in its own process (the CLI never imports deepspeed), bounded."""
+def run_export(checkpoint: str, out: str, timeout_s: float = EXPORT_TIMEOUT_S, extra: tuple[str, ...] = ()) -> dict:
+    """``python -m raytrain.runtime.export`` in its own process (the CLI never imports deepspeed), bounded.
+    ``extra``: its options (``--format hf --dtype bf16 ...``)."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "raytrain.runtime.export", checkpoint, out], capture_output=True, text=True,
-            timeout=timeout_s,
+            [sys.executable, "-m", "raytrain.runtime.export", checkpoint, out, *extra], capture_output=True,
+            text=True, timeout=timeout_s,
         )
     except subprocess.TimeoutExpired:
         raise RaytrainError(
@@ -79,29 +82,80 @@ def run_export(checkpoint: str, out: str, timeout_s: float = EXPORT_TIMEOUT_S) -
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def check_hf_options(fmt: str, dtype: str | None, merge_adapter: bool, max_shard_size: str | None) -> None:
+    """--dtype, --merge-adapter and --max-shard-size shape a Hugging Face folder: only with --format hf."""
+    if fmt == "hf":
+        return
+    for given, flag in ((dtype, "--dtype"), (merge_adapter, "--merge-adapter"), (max_shard_size, "--max-shard-size")):
+        if given:
+            raise ConfigError(f"{flag}: only with --format hf (the .pt export is an fp32 state_dict)", flag=flag)
+
+
+def check_hf_checkpoint(path: str, merge_adapter: bool) -> None:
+    """The checkpoint holds a Hugging Face model's description (and an adapter, for --merge-adapter)."""
+    described = Path(path) / markers.HF_FILE
+    if not described.is_file():
+        raise ConfigError(
+            f"--format hf: the checkpoint {path} holds no Hugging Face model (the job's ctx.deepspeed() got a "
+            "model that is not a transformers PreTrainedModel or a PEFT model around one); use --format pt",
+            flag="--format",
+        )
+    if merge_adapter and not json.loads(described.read_text()).get("adapter"):
+        raise ConfigError(f"--merge-adapter: the run at {path} trained no PEFT adapter; leave it out",
+                          flag="--merge-adapter")
+
+
+def export_args(fmt: str, dtype: str | None, merge_adapter: bool, max_shard_size: str | None) -> tuple[str, ...]:
+    if fmt != "hf":
+        return ()
+    args = ("--format", "hf", "--dtype", dtype or "fp32", "--max-shard-size", max_shard_size or DEFAULT_SHARD_SIZE)
+    return args + (("--merge-adapter",) if merge_adapter else ())
+
+
+DEFAULT_SHARD_SIZE = "2GB"
+
+
+def _describe_export(result: dict, out: str, ckpt_path: str) -> str:
+    where = f"(step {result['step']} of {ckpt_path})"
+    if result.get("format") != "hf":
+        return f"wrote {out}: {result['parameters']:,} parameters in {result['tensors']} tensors {where}"
+    adapter = {"merged": ", adapter merged", "folder": ", adapter + base/"}.get(result.get("adapter"), "")
+    return (f"wrote {out}: {result['architecture']}, {result['parameters']:,} parameters, {result['dtype']}"
+            f"{adapter}, {len(result['files'])} files {where}")
+
+
 @click.command("export")
 @click.argument("checkpoint")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the state_dict.")
+@click.option("--out", required=True, type=click.Path(),
+              help="Where to write the state_dict (.pt) or the model folder (--format hf).")
+@click.option("--format", "fmt", type=click.Choice(["pt", "hf"]), default="pt", show_default=True,
+              help="pt: a torch state_dict file; hf: a Hugging Face folder (config.json + safetensors).")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), help="--format hf: the weights' dtype (default fp32).")
+@click.option("--merge-adapter", is_flag=True, help="--format hf, a LoRA/PEFT run: merge the adapter into the weights.")
+@click.option("--max-shard-size", help=f"--format hf: the largest safetensors shard (default {DEFAULT_SHARD_SIZE}).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 @click.option("--timeout", "timeout_s", type=float, default=EXPORT_TIMEOUT_S, show_default=True, metavar="SECONDS",
               help="Give up when the export takes longer.")
 @storage_option
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
-def export(checkpoint, out, force, timeout_s, storage, as_json):
-    """Write a consolidated fp32 state_dict (loadable without DeepSpeed) from CHECKPOINT.
+def export(checkpoint, out, fmt, dtype, merge_adapter, max_shard_size, force, timeout_s, storage, as_json):
+    """Write a consolidated fp32 state_dict (loadable without DeepSpeed) from CHECKPOINT, or with --format hf
+    a Hugging Face model folder (AutoModelForCausalLM.from_pretrained loads it).
 
-    CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint). The file is written
-    whole or not at all (a temporary file renamed into place).
+    CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint). The file or folder is
+    written whole or not at all (a temporary one renamed into place).
     """
+    check_hf_options(fmt, dtype, merge_adapter, max_shard_size)
     if Path(out).exists() and not force:
         raise ConfigError(f"--out {out}: the file exists; give --force to replace it, or another path", flag="--out")
+    if fmt == "pt" and Path(out).is_dir():
+        raise ConfigError(f"--out {out}: a folder; the .pt export writes a file (or give --format hf)", flag="--out")
     ckpt = store.resolve_resume(checkpoint, storage or str(paths.default_storage()), flag="CHECKPOINT")
-    result = run_export(ckpt.path, out, timeout_s)
+    if fmt == "hf":
+        check_hf_checkpoint(ckpt.path, merge_adapter)
+    result = run_export(ckpt.path, out, timeout_s, export_args(fmt, dtype, merge_adapter, max_shard_size))
     if as_json:
         print_json(result)
     else:
-        click.echo(
-            f"wrote {out}: {result['parameters']:,} parameters in {result['tensors']} tensors "
-            f"(step {result['step']} of {ckpt.path})"
-        )
+        click.echo(_describe_export(result, out, ckpt.path))

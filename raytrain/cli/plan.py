@@ -91,9 +91,15 @@ def _model_shape(job, job_args, params, layers, hidden, heads, vocab, largest_la
             "file or --params, not both",
             flag="--params",
         )
-    from raytrain.planner.meta import inspect_job  # imports torch when called
+    from raytrain.planner.meta import inspect_hf_config, inspect_job, is_hf_config  # torch when called
 
-    shape = inspect_job(job, list(job_args))
+    if is_hf_config(job):
+        if job_args:
+            raise ConfigError(f"unexpected argument {job_args[0]!r}: a Hugging Face config takes no arguments",
+                              flag="JOB")
+        shape = inspect_hf_config(job)
+    else:
+        shape = inspect_job(job, list(job_args))
     check_shape_numbers(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq)
     shape = shape.with_overrides(
         layers=layers, hidden=hidden, heads=heads, vocab=vocab,
@@ -211,7 +217,7 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("job", type=click.Path(dir_okay=False), required=False)
+@click.argument("job", type=click.Path(), required=False)
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--params", help="Parameter count: 7e9, 7B, 350M. Not with a job file.")
 @click.option("--layers", type=int, help="Transformer layers.")
@@ -243,8 +249,9 @@ def plan(job, job_args, params, layers, hidden, heads, vocab, largest_layer, seq
          show_all, as_json):
     """Memory per GPU and per node for each DeepSpeed configuration; marks the fastest that fits.
 
-    Give the model as numbers (--params, --layers, --hidden, --seq ...) or as JOB.py defining model(args),
-    which is built on the meta device (arguments after `--` are passed to it).
+    Give the model as numbers (--params, --layers, --hidden, --seq ...), as JOB.py defining model(args),
+    which is built on the meta device (arguments after `--` are passed to it), or as a Hugging Face
+    config.json (or model folder), built with AutoModelForCausalLM.from_config on the meta device.
     """
     if micro_batch is not None and micro_batch < 1:
         raise ConfigError(f"--micro-batch {micro_batch}: must be >= 1", flag="--micro-batch")

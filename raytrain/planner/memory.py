@@ -133,18 +133,22 @@ def model_states(
     offload: str = "none",
     dp: int = 1,
     fp32_grad_copy: bool = True,
+    trainable: float | None = None,
 ) -> ModelStates:
-    """Model states per rank for ``params`` parameters (one model-parallel rank's), partitioned over ``dp``."""
+    """Model states per rank for ``params`` parameters (one model-parallel rank's), partitioned over ``dp``.
+    ``trainable``: how many of them train (default all); frozen ones (``requires_grad=False``, e.g. a LoRA
+    run's base model) hold only their parameter bytes: no gradients, no optimizer state."""
     check_config(stage, offload, precision)
     if dp < 1:
         raise ValueError("dp must be >= 1")
     b = bytes_per_param(precision)
+    trained = params if trainable is None else min(float(trainable), float(params))
 
-    def share(nbytes: int, partitioned: bool) -> float:
-        return nbytes * params / dp if partitioned else nbytes * params
+    def share(nbytes: int, partitioned: bool, count: float = trained) -> float:
+        return nbytes * count / dp if partitioned else nbytes * count
 
     gpu = {
-        "params": share(b.param, stage >= 3),
+        "params": share(b.param, stage >= 3, params),
         "grads": share(b.grad, stage >= 2),
         "optimizer": share(b.optimizer, stage >= 1),
         "grad_fp32": share(b.grad_fp32, stage >= 1) if fp32_grad_copy else 0.0,
@@ -165,7 +169,7 @@ def model_states(
             if stage >= 2:
                 gpu["grads"] = 0.0
     if offload == "all":
-        cpu["params"] = share(b.param, True)
+        cpu["params"] = share(b.param, True, params)
         gpu["params"] = 0.0
     return ModelStates(gpu=gpu, cpu=cpu)
 
@@ -299,15 +303,20 @@ def estimate(
     flash_attention: bool = False,
     fp32_grad_copy: bool = True,
     zero_init: bool = False,
+    trainable: int | None = None,
 ) -> Estimate:
-    """Per-GPU and per-node memory of ``config`` on ``gpus`` GPUs (``gpus_per_node`` on each node)."""
+    """Per-GPU and per-node memory of ``config`` on ``gpus`` GPUs (``gpus_per_node`` on each node).
+    ``trainable``: parameters that train (default: all); the others are frozen (no gradients, no optimizer
+    state, no reduction bucket)."""
     c = config
     if gpus % (c.tp * c.pp):
         raise ValueError(f"tp*pp = {c.tp * c.pp} does not divide {gpus} GPUs")
     dp = gpus // (c.tp * c.pp)
     rank_params = params / (c.tp * c.pp)
+    rank_trainable = rank_params if trainable is None else min(trainable, params) / (c.tp * c.pp)
     states = model_states(
-        rank_params, stage=c.zero, precision=c.precision, offload=c.offload, dp=dp, fp32_grad_copy=fp32_grad_copy
+        rank_params, stage=c.zero, precision=c.precision, offload=c.offload, dp=dp, fp32_grad_copy=fp32_grad_copy,
+        trainable=rank_trainable,
     )
     working = zero3_working_set(largest_layer, stage=c.zero, precision=c.precision, tp=c.tp)
     if seq and layers and hidden and heads:
@@ -317,7 +326,7 @@ def estimate(
         )
     else:
         acts = None
-    buffers = reduce_bucket(rank_params, c.precision)
+    buffers = reduce_bucket(rank_trainable, c.precision)
     allocated = states.gpu_total + working + (acts or 0) + buffers
     over = overhead(allocated)
     build_params = largest_layer if (zero_init and c.zero == 3) else params / c.pp

@@ -27,6 +27,7 @@ import ast
 import importlib.util
 import sys
 import uuid
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def build_on_meta(fn, args: list[str], *, where: str = "model(args)"):
     import torch
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # library deprecation chatter, not the user's business
             module = fn(list(args))
     except SystemExit as exc:  # argparse in model(args) rejecting the job arguments
         raise ConfigError(f"{where} rejected the job arguments {list(args)} (exit {exc.code})", flag="JOB") from exc
@@ -105,16 +107,26 @@ def build_on_meta(fn, args: list[str], *, where: str = "model(args)"):
     return module
 
 
+def _numel(p) -> int:
+    """A parameter's full size, also when ZeRO-3 (``zero.Init``) holds only a partition of it here."""
+    return int(getattr(p, "ds_numel", None) or p.numel())
+
+
 def count_parameters(module) -> int:
     """Every parameter once (``Module.parameters`` skips repeats of a shared tensor)."""
-    return sum(p.numel() for p in module.parameters())
+    return sum(_numel(p) for p in module.parameters())
+
+
+def count_trainable(module) -> int:
+    """Parameters that train (``requires_grad``); the others (a PEFT/LoRA run's base model) are frozen."""
+    return sum(_numel(p) for p in module.parameters() if p.requires_grad)
 
 
 def largest_layer(module) -> tuple[int, str]:
     """(parameters, qualified name) of the module with most parameters of its own."""
     best, best_name = 0, ""
     for name, sub in module.named_modules():
-        n = sum(p.numel() for p in sub.parameters(recurse=False))
+        n = sum(_numel(p) for p in sub.parameters(recurse=False))
         if n > best:
             best, best_name = n, name or "(root)"
     return best, best_name
@@ -186,11 +198,43 @@ def inspect_module(module, *, source: str = "module") -> ModelShape:
         )
     if guess.get("hidden") and guess.get("heads") and guess["hidden"] % guess["heads"]:
         guess.pop("heads")
+    trainable = count_trainable(module)
+    if trainable < params:
+        notes.append(f"trainable: {trainable:,} of {params:,} parameters; the frozen ones get no gradients or "
+                     "optimizer state")
     return ModelShape(
         params=params, largest_layer=layer, largest_layer_name=layer_name, layers=guess.get("layers"),
         hidden=guess.get("hidden"), heads=guess.get("heads"), vocab=guess.get("vocab"), source=source,
-        notes=tuple(notes),
+        notes=tuple(notes), trainable=trainable if trainable < params else None,
     )
+
+
+def is_hf_config(path: str | Path) -> bool:
+    """A Hugging Face model's ``config.json``, or a model folder holding one (what ``raytrain plan`` counts
+    with transformers' ``AutoModelForCausalLM.from_config``)."""
+    p = Path(path).expanduser()
+    return p.suffix == ".json" or (p.is_dir() and (p / "config.json").is_file())
+
+
+def hf_model_from_config(path: str | Path):
+    """``AutoModelForCausalLM.from_config`` of the config at ``path`` (a config.json or a model folder); no
+    weights are read, nothing is downloaded. Call it on the meta device."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:
+        raise ConfigError(f"{path}: counting a Hugging Face config needs transformers (pip install "
+                          "'raytrain[hf]')", flag="JOB") from exc
+    config = AutoConfig.from_pretrained(str(Path(path).expanduser()), local_files_only=True)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def inspect_hf_config(path: str | Path) -> ModelShape:
+    """The shape of the Hugging Face causal LM a config describes, built on the meta device."""
+    p = Path(path).expanduser()
+    if not (p.is_file() or p.is_dir()):
+        raise ConfigError(f"{path}: no such file or folder", flag="JOB")
+    module = build_on_meta(lambda _args: hf_model_from_config(p), [], where=f"{p.name}: from_config")
+    return inspect_module(module, source=f"meta:{path}")
 
 
 def inspect_job(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> ModelShape:

@@ -245,7 +245,7 @@ def plan(
             config, params=shape.params, largest_layer=shape.largest_layer, gpus=hardware.gpus,
             gpus_per_node=hardware.gpus_per_node, seq=seq, micro_batch=micro_batch, layers=shape.layers,
             hidden=shape.hidden, heads=shape.heads, vocab=shape.vocab, flash_attention=flash_attention,
-            zero_init=zero_init,
+            zero_init=zero_init, trainable=shape.trainable,
         )
         candidates.append(
             Candidate(

@@ -21,6 +21,7 @@ class ModelShape:
     heads: int | None = None
     vocab: int | None = None
     largest_layer_name: str | None = None
+    trainable: int | None = None  # parameters that train (None: all); the rest are frozen (e.g. a LoRA base)
     source: str = "flags"
     notes: tuple[str, ...] = field(default_factory=tuple)
 

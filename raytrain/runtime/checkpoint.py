@@ -1,6 +1,7 @@
 """Save and load DeepSpeed checkpoints with the job's data position (worker side)."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -42,8 +43,12 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(engine: Any, *, rank: int, world_size: int, step: int, user_state: dict, metrics: dict) -> str:
-    """Write this rank's part of a checkpoint into a fresh local directory and return it.
+def save(
+    engine: Any, *, rank: int, world_size: int, step: int, user_state: dict, metrics: dict, hf_model: dict | None = None
+) -> str:
+    """Write this rank's part of a checkpoint into a fresh local directory and return it. ``hf_model``: a
+    Hugging Face model's config, class and adapter config, which rank 0 writes beside its shard (for
+    ``raytrain export --format hf``).
 
     The marker goes last and lists every file with its size, so readers can tell a complete checkpoint.
     """
@@ -53,6 +58,8 @@ def save(engine: Any, *, rank: int, world_size: int, step: int, user_state: dict
     tag = f"step{step}"
     engine.save_checkpoint(str(directory), tag=tag, client_state={"raytrain_step": step})
     torch.save({"rng": _rng_state(), "user_state": user_state, "step": step}, directory / STATE_FILE.format(rank=rank))
+    if hf_model is not None and rank == 0:
+        (directory / markers.HF_FILE).write_text(json.dumps(hf_model, indent=1, sort_keys=True))
     markers.write(directory, Marker(
         rank=rank, world_size=world_size, step=step, tag=tag, time=time.time(), metrics=metrics,
         files=markers.files_in(directory),

@@ -23,6 +23,7 @@ class Checkpointer:
         self.saved: Marker | None = markers.read_or_none(restore_from) if restore_from else None
         self.last_saved_step: int | None = None
         self._universal: str | None = None  # a resharded copy of the restore point (see prepare_restore)
+        self.hf_model: dict | None = None  # a Hugging Face model's config, class and adapter (runtime.hf_model)
 
     @property
     def saved_world_size(self) -> int | None:
@@ -65,7 +66,8 @@ class Checkpointer:
 
         step = int(metrics["step"])
         directory = checkpoint.save(
-            engine, rank=self.rank, world_size=self.world_size, step=step, user_state=state, metrics=metrics
+            engine, rank=self.rank, world_size=self.world_size, step=step, user_state=state, metrics=metrics,
+            hf_model=self.hf_model,
         )
         try:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))

@@ -10,6 +10,7 @@ from typing import Any
 
 from raytrain import timings
 from raytrain.config.plan import Plan
+from raytrain.runtime import hf_model
 from raytrain.runtime.checkpointer import Checkpointer
 from raytrain.runtime.data import Position, ShardBatches
 from raytrain.runtime.engine import build_engine
@@ -62,6 +63,7 @@ class TrainContext:
         self.dp_size = self.dp
         self.activation_checkpointing = plan.activation_checkpointing
         self.engine = None
+        self._zero_init_used = False
         self.state: dict[str, Any] = {}
         self._first_step_marked = False
         self.start_step = 0
@@ -146,7 +148,8 @@ class TrainContext:
         if optimizer is None and "optimizer" not in self.config:
             optimizer = _default_optimizer(lr, fused=getattr(self.device, "type", "cpu") == "cuda")
         if self.is_main:
-            emit_estimate(model, self.plan, world_size=self.world_size, log=self.log)
+            emit_estimate(model, self.plan, world_size=self.world_size, log=self.log, zero_init=self._zero_init_used)
+        self._checkpoints.hf_model = hf_model.describe(model)  # an HF model: its config goes with checkpoints
         config = copy.deepcopy(self.config)
         if self.tp > 1:
             prepare_tensor_parallel(model, config, self.tp, self.log)
@@ -162,6 +165,14 @@ class TrainContext:
         self._restore()
         timings.emit("engine_built", rank=self.rank)
         return self.engine
+
+    def zero_init(self) -> Any:
+        """``with ctx.zero_init(): model = ...``: under ZeRO-3 the model is built directly partitioned across
+        the workers (DeepSpeed ``zero.Init`` with this run's config; transformers' ``from_config`` and
+        ``from_pretrained`` too), so a model larger than one worker's memory can be built. Below ZeRO-3 it
+        does nothing."""
+        self._zero_init_used = True
+        return hf_model.zero_init(self.config)
 
     def pipeline(
         self,

@@ -1,4 +1,5 @@
-"""``python -m raytrain.runtime.export CHECKPOINT_DIR OUT.pt``: a consolidated fp32 state_dict.
+"""``python -m raytrain.runtime.export CHECKPOINT_DIR OUT.pt``: a consolidated fp32 state_dict
+(``--format hf``: a Hugging Face model folder, raytrain.runtime.export_hf).
 
 Runs in its own process (the CLI never imports deepspeed). Uses DeepSpeed's zero_to_fp32 path for ZeRO
 checkpoints (stages 1-3: fp32 master weights gathered from every rank's shard) and the module weights
@@ -36,12 +37,11 @@ def save_atomically(state: dict, out: str) -> None:
         raise
 
 
-def export(checkpoint_dir: str, out: str) -> dict:
+def consolidated_state(d: Path, tag: str) -> dict:
+    """The model's whole fp32 state_dict from checkpoint ``d``/``tag``: ZeRO shards gathered (zero_to_fp32,
+    frozen parameters included), else the module weights."""
     import torch
 
-    d = Path(checkpoint_dir)
-    marker = markers.read(d)
-    tag = marker.tag
     zero_shards = list((d / tag).glob("*optim_states.pt"))
     if zero_shards and any("zero_pp_rank" in p.name for p in zero_shards):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -50,7 +50,13 @@ def export(checkpoint_dir: str, out: str) -> dict:
     else:
         model_states = torch.load(d / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         state = model_states["module"]
-    state = {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+    return {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+
+
+def export(checkpoint_dir: str, out: str) -> dict:
+    d = Path(checkpoint_dir)
+    marker = markers.read(d)
+    state = consolidated_state(d, marker.tag)
     save_atomically(state, out)
     return {
         "checkpoint": str(d),
@@ -61,5 +67,24 @@ def export(checkpoint_dir: str, out: str) -> dict:
     }
 
 
+def main(argv: list[str]) -> dict:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m raytrain.runtime.export")
+    parser.add_argument("checkpoint")
+    parser.add_argument("out")
+    parser.add_argument("--format", choices=("pt", "hf"), default="pt")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--merge-adapter", action="store_true")
+    parser.add_argument("--max-shard-size", default="2GB")
+    a = parser.parse_args(argv)
+    if a.format == "pt":
+        return export(a.checkpoint, a.out)
+    from raytrain.runtime.export_hf import export_hf
+
+    return export_hf(a.checkpoint, a.out, dtype=a.dtype, merge_adapter=a.merge_adapter,
+                     max_shard_size=a.max_shard_size)
+
+
 if __name__ == "__main__":
-    print(json.dumps(export(sys.argv[1], sys.argv[2])))
+    print(json.dumps(main(sys.argv[1:])))

@@ -8,12 +8,14 @@ from raytrain import events
 from raytrain.config.plan import Plan
 
 
-def emit_estimate(model: Any, plan: Plan, *, world_size: int, log: Callable[..., None]) -> None:
+def emit_estimate(
+    model: Any, plan: Plan, *, world_size: int, log: Callable[..., None], zero_init: bool = False
+) -> None:
     try:
         from raytrain.planner.memory import Config, estimate
-        from raytrain.planner.meta import count_parameters, largest_layer
+        from raytrain.planner.meta import count_parameters, count_trainable, largest_layer
 
-        params = count_parameters(model)
+        params, trainable = count_parameters(model), count_trainable(model)
         largest, _ = largest_layer(model)
         est = estimate(
             Config(zero=plan.zero, offload=plan.offload, precision=plan.precision),
@@ -21,6 +23,8 @@ def emit_estimate(model: Any, plan: Plan, *, world_size: int, log: Callable[...,
             largest_layer=largest,
             gpus=world_size,
             gpus_per_node=max(1, int(plan.scaling.num_workers)),
+            trainable=trainable,
+            zero_init=zero_init,
         )
     except Exception as exc:  # the estimate is advisory; never fail training for it
         log(f"raytrain: no memory estimate ({type(exc).__name__}: {exc})")
@@ -28,6 +32,7 @@ def emit_estimate(model: Any, plan: Plan, *, world_size: int, log: Callable[...,
     events.emit(
         events.ESTIMATE,
         params=params,
+        trainable=trainable,
         model_states=est.states.gpu_total,
         gpu_allocated=est.allocated,
         gpu_total=est.gpu_total,

@@ -1,0 +1,140 @@
+"""``raytrain export RUN --format hf --out DIR``: a Hugging Face model folder from a checkpoint of a run whose
+``train(ctx)`` gave ``ctx.deepspeed`` a transformers model (or a PEFT model around one).
+
+The checkpoint's ZeRO shards are consolidated as for the ``.pt`` export; the model is rebuilt from the
+config, class and adapter config rank 0 saved beside its shard (``raytrain_hf.json``), loaded with that
+state and written with ``save_pretrained`` (``config.json`` + safetensors shards of at most
+``max_shard_size``), so ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it. A LoRA/PEFT run:
+``merge_adapter`` folds the adapter into the weights (``merge_and_unload``: a plain model folder);
+without it DIR holds the adapter (``adapter_config.json``, ``adapter_model.safetensors``) and the base model
+it was trained on in ``DIR/base`` (which the adapter config names, so ``from_pretrained(DIR)`` loads both).
+DIR is written whole or not at all (a temporary folder beside it, renamed into place).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from raytrain.checkpoints import marker as markers
+from raytrain.runtime.export import consolidated_state
+
+BASE_FOLDER = "base"
+
+
+def read_hf_model(checkpoint_dir: Path) -> dict:
+    path = checkpoint_dir / markers.HF_FILE
+    if not path.is_file():
+        raise SystemExit(f"{checkpoint_dir}: no {markers.HF_FILE}: the run's model is not a Hugging Face model")
+    return json.loads(path.read_text())
+
+
+def build_model(described: dict) -> Any:
+    """The model described (config + class, and the PEFT adapter around it), freshly initialised."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**described["config"])
+    cls = getattr(transformers, described["architecture"], None) or transformers.AutoModelForCausalLM
+    model = cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
+    if described.get("adapter"):
+        import peft
+
+        model = peft.get_peft_model(model, peft.get_peft_config(dict(described["adapter"])))
+    return model
+
+
+def load_state(model: Any, state: dict) -> None:
+    """Load the consolidated state; every key the model has must be there (tied weights count once)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = _tied_keys(model)
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise RuntimeError(f"the checkpoint does not fit the model its config describes: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+
+
+def _tied_keys(model: Any) -> set[str]:
+    """State-dict names that share storage with another name (e.g. a tied lm_head)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        key = id(tensor)
+        if key in seen:
+            tied.update((name, seen[key]))
+        seen[key] = name
+    return tied
+
+
+def _save(model: Any, folder: Path, *, dtype: str, max_shard_size: str) -> None:
+    import torch
+
+    if dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(str(folder), max_shard_size=max_shard_size, safe_serialization=True)
+
+
+def write_folder(model: Any, described: dict, tmp: Path, final: Path, *, dtype: str, merge_adapter: bool,
+                 max_shard_size: str) -> str:
+    """Write the model into ``tmp`` (renamed to ``final`` afterwards); returns what the adapter became."""
+    if not described.get("adapter"):
+        _save(model, tmp, dtype=dtype, max_shard_size=max_shard_size)
+        return "none"
+    if merge_adapter:
+        _save(model.merge_and_unload(), tmp, dtype=dtype, max_shard_size=max_shard_size)
+        return "merged"
+    model.peft_config[model.active_adapter].base_model_name_or_path = str(final / BASE_FOLDER)
+    if dtype == "bf16":
+        import torch
+
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    _save(model.unload(), tmp / BASE_FOLDER, dtype=dtype, max_shard_size=max_shard_size)
+    return "folder"
+
+
+def replace_folder(tmp: Path, final: Path) -> None:
+    """``final`` becomes ``tmp``: the old folder (if any) is moved aside first and removed after."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_hf(checkpoint_dir: str, out: str, *, dtype: str = "fp32", merge_adapter: bool = False,
+              max_shard_size: str = "2GB") -> dict:
+    d = Path(checkpoint_dir)
+    marker = markers.read(d)
+    described = read_hf_model(d)
+    model = build_model(described)
+    load_state(model, consolidated_state(d, marker.tag))
+    model.eval()
+    parameters = int(sum(p.numel() for p in model.parameters()))
+    final = Path(out).resolve()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        adapter = write_folder(model, described, tmp, final, dtype=dtype, merge_adapter=merge_adapter,
+                               max_shard_size=max_shard_size)
+        os.chmod(tmp, 0o777 & ~_umask())
+        replace_folder(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    files = sorted(str(p.relative_to(final)) for p in final.rglob("*") if p.is_file())
+    return {
+        "checkpoint": str(d), "step": marker.step, "out": out, "format": "hf", "dtype": dtype, "adapter": adapter,
+        "architecture": described["architecture"], "files": files,
+        "parameters": parameters,
+    }
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
