@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.checkpoints import marker as markers
-from raytrain.runtime.export import consolidated_state
+from raytrain.runtime.consolidate import consolidated_state
 
 BASE_FOLDER = "base"
 

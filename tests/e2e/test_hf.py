@@ -58,3 +58,39 @@ def test_accelerate_script_sees_two_processes(cli):
     log = cli("jobs", "logs", job_id_of(out), check=True).stdout
     # the script asserts num_processes == 2 and MULTI_CPU on each rank, and equal parameters at the end
     assert "accelerate_regression done: processes 2, type MULTI_CPU, batches per process 16" in log, log
+
+
+def test_lora_job_under_zero3_exports_a_hf_folder_with_the_engines_logits(cli, tmp_path):
+    """jobs/lora_causal_lm.py: a GPT-2 from its config built partitioned (ctx.zero_init), a PEFT LoRA adapter,
+    ZeRO-3 on 2 CPU workers; the loss falls, the planner counts the frozen base as frozen, the checkpoint
+    holds the model's description and the adapter, and `export --format hf --merge-adapter` gives a folder
+    from_pretrained loads, with the trained engine's logits on a fixed input (fp32, atol 1e-5)."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import JOBS
+    from tests.e2e.test_checkpoints import submit_json
+
+    pytest.importorskip("peft")
+    probe_path = tmp_path / "probe.pt"
+    info = submit_json(cli, JOBS / "lora_causal_lm.py", ["--workers", "2", "--zero", "3", "--precision", "fp32",
+                       "--checkpoint-every", "100"], ["--steps", "12", "--probe-out", probe_path], timeout=900)
+    facts = cli.facts(info["id"])
+    assert len(facts.losses) == 12 and facts.losses[-1] < facts.losses[0] - 0.3, facts.losses
+    assert 0 < facts.estimate["trainable"] < facts.estimate["params"], facts.estimate  # frozen base, ZeRO-3 sizes
+    ckpt = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)[-1]
+    assert ckpt["step"] == 12 and ckpt["complete"]
+    described = json.loads((Path(ckpt["path"]) / "raytrain_hf.json").read_text())
+    assert described["architecture"] == "GPT2LMHeadModel" and described["adapter"]["peft_type"] == "LORA"
+
+    out = tmp_path / "merged"
+    result = json.loads(cli("export", info["id"], "--format", "hf", "--merge-adapter", "--max-shard-size", "100KB",
+                            "--out", out, "--json", check=True, timeout=600).stdout)
+    assert result["adapter"] == "merged" and "model.safetensors.index.json" in result["files"]
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    probe = torch.load(probe_path)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=probe["input"]).logits, probe["output"], rtol=0, atol=1e-5)
