@@ -28,9 +28,11 @@ def memory_summary(facts: events.JobFacts) -> list[str]:
     lines.append(f"{what}: {peaks}")
     if facts.estimate:
         e = facts.estimate
+        trainable = e.get("trainable")
+        frozen = f", {trainable:,} trainable" if isinstance(trainable, int) and trainable < e["params"] else ""
         lines.append(
             f"planner estimate per {'GPU' if gpu else 'worker'}: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
-            f"{e['params']:,} parameters; activations not included)"
+            f"{e['params']:,} parameters{frozen}; activations not included)"
         )
     return lines
 

@@ -84,3 +84,11 @@ def test_memory_lines_say_per_gpu_only_for_gpu_workers():
     assert "planner estimate per worker" in memory_summary(cpu)[1]
     gpu = JobFacts(memory={0: {"gpu_memory_peak": 6e8}}, estimate=estimate)
     assert "planner estimate per GPU" in memory_summary(gpu)[1]
+
+
+def test_the_estimate_line_says_how_many_parameters_train_when_some_are_frozen():
+    frozen = {"event": "estimate", "gpu_total": 1e9, "model_states": 5e8, "params": 1000, "trainable": 40}
+    line = memory_summary(JobFacts(memory={0: {"rss_peak": 6e8}}, estimate=frozen))[1]
+    assert "1,000 parameters, 40 trainable;" in line
+    every = {**frozen, "trainable": 1000}
+    assert "trainable" not in memory_summary(JobFacts(memory={0: {"rss_peak": 6e8}}, estimate=every))[1]
