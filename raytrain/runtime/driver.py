@@ -135,7 +135,10 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
         name = spec["name"]
         need = dp * micro if streaming[name] else float("inf")  # a transform that needs a CPU: all rows first
         while True:
-            rows, done, error = ray.get(feeders[name].progress.remote(need))
+            try:
+                rows, done, error = ray.get(feeders[name].progress.remote(need))
+            except ray.exceptions.RayError as exc:  # the feeder's process died (out of memory, ...)
+                return {}, f"--data {name}={spec['path']}: the data feed failed: {data_source.first_line(exc)}"
             if done or rows >= need:
                 break
         problem = data_source.check_rows(f"--data {name}={spec['path']}", rows, done, error, dp, micro)
