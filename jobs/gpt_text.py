@@ -3,9 +3,9 @@
     python scripts/build_corpus.py --out data/stdlib.jsonl --tokenizer data/tokenizer.json
     raytrain submit jobs/gpt_text.py --workers 2 --micro-batch 8 --data train=data/stdlib.jsonl -- --steps 300
 
-``preprocess`` runs on the cluster's CPUs as Ray Data transforms: each batch of rows is tokenized with the
-byte-level BPE tokenizer found next to the dataset (``tokenizer.json``, built by scripts/build_corpus.py) and
-packed into blocks of ``--seq + 1`` tokens. Each worker then reads its own shard with ``ctx.dataset``:
+``preprocess`` runs on the cluster's CPUs as Ray Data transforms, once, streamed to the workers while they
+train: each batch of rows is tokenized with the byte-level BPE tokenizer found next to the dataset
+(``tokenizer.json``, built by scripts/build_corpus.py) and packed into blocks of ``--seq + 1`` tokens. Each worker then reads its own shard with ``ctx.dataset``:
 shuffled per epoch, prefetched, and resumed at the right row after a restart. The same job runs unchanged on
 GPU workers (``--gpus-per-worker 1 --precision bf16``).
 """
@@ -68,10 +68,11 @@ def tokenizer_path(args, data_path: str) -> str:
 
 
 def preprocess(dataset, ctx):
-    """Ray Data transforms, run on the cluster's CPUs before training: tokenize and pack the text."""
+    """Ray Data transforms, run once on the cluster's CPUs and streamed to the workers while they train:
+    tokenize and pack the text (``ctx.task_args``: the CPUs a transform may ask for beside the workers)."""
     args = parser().parse_args(ctx.args)
     fn = functools.partial(tokenize_and_pack, tokenizer=tokenizer_path(args, ctx.path), block=args.seq + 1)
-    return dataset.map_batches(fn, batch_size=256, batch_format="numpy")
+    return dataset.map_batches(fn, batch_size=256, batch_format="numpy", **ctx.task_args)
 
 
 def train(ctx):

@@ -23,7 +23,7 @@ PHASES: list[tuple[str, str, str]] = [
     ("submitted", "client", "cluster ready and checked; request sent"),
     ("job_accepted", "ray", "the Ray job was created"),
     ("driver_started", "driver", "the driver process started (runtime env ready)"),
-    ("data_ready", "driver", "--data read, preprocessed and materialized by Ray Data"),
+    ("data_ready", "driver", "--data streaming: its first rows read and preprocessed by Ray Data"),
     ("driver_ready", "driver", "driver imports, ray.init and cluster checks done"),
     ("workers_started", "controller", "placement group ready, worker processes up"),
     ("preflight", "controller", "every worker can reach rank 0"),

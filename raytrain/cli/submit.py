@@ -62,20 +62,28 @@ def target_options_from_flags(options: Options, flags: dict) -> TargetOptions:
     )
 
 
-PREPROCESS_WHERE = (
-    "read and preprocessed (the job's preprocess(dataset, ctx), if any) by Ray Data tasks on the cluster's CPUs, "
-    "once, before the workers start"
-)
+def data_summary(plan) -> dict | None:
+    """What runs where for --data (raytrain.config.data.data_plan), or None without --data."""
+    if not plan.data:
+        return None
+    from raytrain.config.data import data_plan, defines_preprocess
+
+    return data_plan(
+        plan.data, preprocess=defines_preprocess(plan.job_file), prefetch=plan.prefetch, dp=plan.parallel["dp"],
+        micro=plan.micro_batch, mode=plan.mode,
+    )
 
 
 def describe_data(plan) -> list[str]:
     """--dry-run's lines about the datasets: what is read, how, and where preprocessing runs."""
-    if not plan.data:
+    summary = data_summary(plan)
+    if summary is None:
         return []
     from raytrain.config.data import describe
 
     lines = [f"data        {line}" for line in describe(plan.data)]
-    lines.append(f"            {PREPROCESS_WHERE}; each worker iterates its own shard, prefetch {plan.prefetch}")
+    for key in ("preprocess_where", "streaming", "workers"):
+        lines.append(f"            {key.split('_')[0]}: {summary[key]}")
     return lines
 
 
@@ -100,7 +108,7 @@ def _dry_run_summary(request, plan) -> dict:
             "global_batch": plan.train_batch,
         },
         "mode": plan.mode,
-        "data": {"datasets": plan.data, "prefetch": plan.prefetch, "preprocess": PREPROCESS_WHERE} if plan.data else None,
+        "data": data_summary(plan),
         "plan": plan.to_dict(),
     }
 

@@ -7,6 +7,7 @@ paths the CLI can see are checked before submitting; a URI is read by the cluste
 """
 from __future__ import annotations
 
+import ast
 import glob as globlib
 import re
 from pathlib import Path
@@ -112,6 +113,40 @@ def resolve_data(data: dict[str, str] | None, data_format: str | None) -> list[d
             path = str(Path(path).absolute())
         out.append({"name": name, "path": path, "format": fmt})
     return out
+
+
+def defines_preprocess(job_file: str) -> bool:
+    """Whether the job file defines a top-level ``preprocess(dataset, ctx)`` (read, not imported)."""
+    try:
+        tree = ast.parse(Path(job_file).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(isinstance(n, ast.FunctionDef) and n.name == "preprocess" for n in tree.body)
+
+
+def data_plan(datasets: list[dict[str, str]], *, preprocess: bool, prefetch: int, dp: int, micro: int,
+              mode: str = "train") -> dict:
+    """What runs where for ``--data`` (for --dry-run): the datasets, the preprocessing, the streaming, the
+    workers' side. Mirrors raytrain.runtime.data_source/data_feed (the driver) and runtime.data (workers)."""
+    steps = "read" + (" + the job's preprocess(dataset, ctx)" if preprocess and mode == "train" else "")
+    return {
+        "datasets": datasets,
+        "preprocess": bool(preprocess and mode == "train"),
+        "preprocess_where": (
+            f"{steps} as Ray Data tasks on the cluster's CPUs (1 CPU a task by default, 0 when the training "
+            "workers hold every CPU), run once per job by a feeder actor on the driver's node"
+        ),
+        "streaming": (
+            f"the workers start once {dp * micro} row(s) (one micro-batch per data-parallel rank) are ready; "
+            "the rest streams while they train and is cached in the object store for later epochs and restarts "
+            "(all rows first if a transform asks for a CPU that only the workers' reservation has)"
+        ),
+        "workers": (
+            f"each of {dp} data-parallel rank(s) takes its own rows of one seeded global order (ctx.dataset), "
+            f"prefetch {prefetch} batch(es) ahead" + (" of the step" if prefetch else ": off")
+        ),
+        "prefetch": prefetch,
+    }
 
 
 def describe(datasets: list[dict[str, str]]) -> list[str]:

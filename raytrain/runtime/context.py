@@ -224,21 +224,19 @@ class TrainContext:
         ``seed`` (``shuffle=True``: shuffled per epoch in windows of ``shuffle_window`` rows). ``epochs``:
         how many epochs in all (None: until the job stops reading). ``map_batches``: a function of a dict
         of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
-        in the job's ``preprocess(dataset, ctx)``, run by Ray Data). ``columns``: only these columns. The
+        in the job's ``preprocess(dataset, ctx)``, run once by Ray Data and streamed to every worker).
+        ``columns``: only these columns. The
         position (epoch, rows consumed) is saved with every checkpoint and restored with it, also onto
         another number of workers. Call ``ctx.deepspeed()`` before iterating, so the position is restored.
         """
-        import ray.train
+        from raytrain.runtime import data_feed
 
-        from raytrain.runtime.data_source import quiet_ray_data
-
-        quiet_ray_data()
         known = [d["name"] for d in self.plan.data]
         if name not in known:
             given = ", ".join(known) or "none"
             raise ValueError(f"ctx.dataset({name!r}): no such dataset; --data gave: {given} (use --data {name}=PATH)")
         loader = ShardBatches(
-            ray.train.get_dataset_shard(name), rank=self.dp_rank, size=self.dp_size,
+            data_feed.FeedSource(name), rank=self.dp_rank, size=self.dp_size,
             batch_size=int(batch_size or self.micro_batch), position=self._positions.setdefault(name, Position()),
             epochs=epochs, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window,
             prefetch=int(self.plan.prefetch), device=self.device, map_batches=map_batches, columns=columns,

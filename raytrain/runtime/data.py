@@ -3,9 +3,9 @@ tensors on the worker's device, exactly once per epoch across ranks, resumable a
 
 How the rows are split (and why not Ray's ``streaming_split``): ``streaming_split`` hands blocks to whichever
 rank asks first, so which rank sees which row depends on timing, and a position cannot be saved or re-split
-over another number of ranks. raytrain instead gives every worker the same materialized dataset (Ray Train
-``DataConfig(datasets_to_split=[])``, order preserved; see raytrain.runtime.data_source) and defines one
-global order per epoch: the dataset's rows, optionally shuffled in windows of ``shuffle_window`` rows by a
+over another number of ranks. raytrain instead streams the same blocks, in the same order, to every worker
+(one execution per job, cached: raytrain.runtime.data_feed and data_source) and defines one global order
+per epoch: the dataset's rows, optionally shuffled in windows of ``shuffle_window`` rows by a
 generator seeded with (seed, epoch, window). The rows are taken in rounds of ``dp_size x batch_size``; rank
 ``r`` keeps rows ``[r*batch_size, (r+1)*batch_size)`` of each round. The position is (epoch, global rows
 consumed), the same on every rank: after a restart (same or other number of ranks) the first ``rows`` rows of

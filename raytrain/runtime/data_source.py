@@ -1,11 +1,30 @@
-"""The driver's side of ``--data``: read each dataset with Ray Data, run the job's ``preprocess(dataset, ctx)``
-as Ray Data transforms, and materialize the result once, in a deterministic order, before the workers start.
+"""The driver's side of ``--data``: read each dataset with Ray Data and apply the job's
+``preprocess(dataset, ctx)`` as Ray Data transforms, lazily; raytrain.runtime.data_feed then executes the
+plan once, streaming, while the workers train.
 
-Why materialize before training: every worker then iterates the same rows in the same order (the blocks sit in
-the object store, spilled to disk when they do not fit), which is what makes the per-rank shards disjoint,
-exactly-once per epoch and resumable at any row (raytrain.runtime.data). Preprocessing runs once, on the
-cluster's CPUs while the training workers do not hold them yet: on a small cluster, Ray Data tasks started
-while the workers hold every CPU would wait forever.
+Why this design (Ray 2.60; each alternative was read in ray/data and rejected for a guarantee it breaks):
+
+- ``streaming_split(n, equal=True)`` (Ray Train's default split) hands each output block to whichever
+  rank's iterator asks first: which rank sees which row depends on timing, so shards are not deterministic
+  for a seed and a position cannot be saved or re-split over another number of ranks.
+- Every worker iterating the same non-materialized dataset (``DataConfig(datasets_to_split=[])``) is
+  deterministic with ``preserve_order=True``, but runs the whole read + preprocess once per rank and once
+  per epoch (dp x epochs times the CPU), inside the workers' own processes.
+- ``materialize()`` before the workers start (raytrain before this change) is deterministic and runs the
+  transforms once, but training waits for the whole dataset (the ``data_ready`` phase grew with it).
+
+raytrain executes the plan ONCE per job, with ``preserve_order=True``, in a Feeder actor that keeps the
+output blocks' refs in order; workers read blocks by index as soon as they exist, later epochs and
+restarted attempts read the same cached blocks. The driver only waits for one global micro-batch of rows.
+So: streaming, preprocessing once, one global order (raytrain.runtime.data cuts the disjoint, exactly-once,
+resumable shards from it). The cache costs what ``materialize()`` cost: the dataset in the object store
+(spilled to disk when it does not fit).
+
+CPUs: Ray Data's read and map tasks ask for 1 CPU by default. When the training workers leave less than
+one CPU free (2 workers x 1 CPU on a 2-CPU cluster), such a task could only run before the workers take the
+CPUs: the read then asks for 0 CPUs, ``preprocess`` gets ``ctx.task_args == {"num_cpus": 0}`` to pass to its
+transforms, and a dataset whose plan still asks for a CPU is produced whole before the workers start
+(``cpus_per_task``), as before, instead of hanging.
 """
 from __future__ import annotations
 
@@ -27,6 +46,9 @@ class PreprocessContext:
     micro_batch: int = 1
     train_batch: int = 1
     data_parallel: int = 1
+    # Ray remote args for the transforms (``dataset.map_batches(fn, **ctx.task_args)``): {"num_cpus": 0} when
+    # the training workers hold every CPU of the cluster, so the transforms can stream beside them.
+    task_args: dict = field(default_factory=dict)
 
 
 def quiet_ray_data() -> None:
@@ -44,19 +66,19 @@ def quiet_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
-def read(spec: dict[str, str]) -> Any:
-    """One ``--data`` entry as a Ray Dataset (lazy)."""
+def read(spec: dict[str, str], task_args: dict[str, Any] | None = None) -> Any:
+    """One ``--data`` entry as a Ray Dataset (lazy); ``task_args``: the read tasks' Ray remote args."""
     import ray.data
 
-    path, fmt = spec["path"], spec["format"]
+    path, fmt, remote = spec["path"], spec["format"], {"ray_remote_args": dict(task_args or {})}
     if fmt == "json":
-        return ray.data.read_json(path, file_extensions=None if "*" in path else ["json", "jsonl"])
+        return ray.data.read_json(path, file_extensions=None if "*" in path else ["json", "jsonl"], **remote)
     if fmt == "parquet":
-        return ray.data.read_parquet(path)
+        return ray.data.read_parquet(path, **remote)
     if fmt == "csv":
-        return ray.data.read_csv(path)
+        return ray.data.read_csv(path, **remote)
     if fmt == "text":
-        return ray.data.read_text(path)
+        return ray.data.read_text(path, **remote)
     if fmt == "hf":  # a datasets.save_to_disk folder: Arrow files the datasets library knows how to open
         try:
             import datasets
@@ -68,8 +90,10 @@ def read(spec: dict[str, str]) -> Any:
     raise DataError(f"--data {spec['name']}={path}: unknown format {fmt!r}")
 
 
-def build(plan: Any, preprocess: Callable[[Any, PreprocessContext], Any] | None) -> dict[str, Any]:
-    """Every ``--data`` dataset read, preprocessed and materialized: {name: MaterializedDataset}."""
+def build(plan: Any, preprocess: Callable[[Any, PreprocessContext], Any] | None,
+          task_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every ``--data`` dataset read and preprocessed, lazily (nothing runs yet): {name: Dataset}.
+    ``task_args``: Ray remote args for the read tasks, also handed to ``preprocess`` (``ctx.task_args``)."""
     quiet_ray_data()
     dp = int(plan.parallel["dp"])
     micro = int(plan.deepspeed["train_micro_batch_size_per_gpu"])
@@ -77,43 +101,51 @@ def build(plan: Any, preprocess: Callable[[Any, PreprocessContext], Any] | None)
     for spec in plan.data:
         where = f"--data {spec['name']}={spec['path']}"
         try:
-            ds = read(spec)
+            ds = read(spec, task_args or {})
         except DataError:
             raise
         except Exception as exc:  # unreadable files: Ray Data's own message, in one line
-            raise DataError(f"{where}: cannot read as {spec['format']}: {_first_line(exc)}") from exc
+            raise DataError(f"{where}: cannot read as {spec['format']}: {first_line(exc)}") from exc
         if preprocess is not None:
             info = PreprocessContext(
                 name=spec["name"], path=spec["path"], args=list(plan.job_args), micro_batch=micro, train_batch=plan.train_batch,
-                data_parallel=dp,
+                data_parallel=dp, task_args=dict(task_args or {}),
             )
-            ds = preprocess(ds, info)
-        try:
-            ds = ds.materialize()
-        except Exception as exc:
-            raise DataError(f"{where}: reading/preprocessing failed: {_first_line(exc)}") from exc
-        rows = ds.count()
-        if rows == 0:
-            raise DataError(f"{where}: the dataset is empty (after preprocessing); give a file with rows")
-        if rows < dp * micro:
-            raise DataError(
-                f"{where}: {rows} row(s) is fewer than one micro-batch on every data-parallel rank "
-                f"({dp} x {micro}); give more data or a smaller --micro-batch"
-            )
+            try:
+                ds = preprocess(ds, info)
+            except Exception as exc:
+                raise DataError(f"{where}: the job's preprocess failed: {first_line(exc)}") from exc
         out[spec["name"]] = ds
     return out
 
 
-def _first_line(exc: BaseException) -> str:
+def check_rows(where: str, rows: int, done: bool, error: str | None, dp: int, micro: int) -> str | None:
+    """The one-line reason a dataset cannot be trained on, from what its feed produced (None: it can)."""
+    if error:
+        return error
+    if done and rows == 0:
+        return f"{where}: the dataset is empty (after preprocessing); give a file with rows"
+    if done and rows < dp * micro:
+        return (f"{where}: {rows} row(s) is fewer than one micro-batch on every data-parallel rank "
+                f"({dp} x {micro}); give more data or a smaller --micro-batch")
+    return None
+
+
+def cpus_per_task(ds: Any) -> float:
+    """The most CPUs one task of ``ds``'s Ray Data plan asks for (Ray Data's default: 1)."""
+    try:
+        ops = list(ds._logical_plan.dag.post_order_iter())
+    except AttributeError:  # another Ray Data: assume the default
+        return 1.0
+    need = 0.0
+    for op in ops:
+        args = getattr(op, "ray_remote_args", None)
+        if args is not None:
+            need = max(need, float(args.get("num_cpus", 1) if args.get("num_cpus") is not None else 1))
+    return need
+
+
+def first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(exc).__name__)
     return text[:400]
-
-
-def data_config() -> Any:
-    """Ray Train's DataConfig for raytrain's datasets: not split by Ray (every worker iterates the whole
-    materialized dataset in order and keeps its own rows: raytrain.runtime.data), order preserved."""
-    from ray.data import ExecutionOptions
-    from ray.train import DataConfig
-
-    return DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True))

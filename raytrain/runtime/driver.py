@@ -99,11 +99,15 @@ def restart_announcer(max_failures: int):
 
 
 def load_datasets(plan: Plan) -> tuple[dict, str | None]:
-    """TorchTrainer's ``datasets=`` and ``dataset_config=`` for ``--data`` (read, preprocessed by the job's
-    ``preprocess(dataset, ctx)`` and materialized by Ray Data), or the one-line reason they cannot be."""
+    """Start streaming every ``--data`` dataset (read + the job's ``preprocess(dataset, ctx)``, run by Ray Data
+    from a Feeder actor: raytrain.runtime.data_feed) and wait until each has one global micro-batch of rows
+    (all its rows when its transforms could not run beside the training workers): {name: Feeder handle}
+    (keep it: the feed lives as long as the handle), or the one-line reason the data cannot be used."""
     if not plan.data:
         return {}, None
-    from raytrain.runtime import data_source
+    import ray
+
+    from raytrain.runtime import data_feed, data_source
 
     preprocess = None
     if plan.mode == "train":
@@ -115,14 +119,35 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
         # Ray Data's tasks cannot import the job file's module (``raytrain_job``): ship its functions by value.
         ray.cloudpickle.register_pickle_by_value(module)
         preprocess = getattr(module, "preprocess", None)
+    # CPUs the training workers leave free: none (a small cluster) -> the read and the transforms ask for 0
+    spare = float(ray.cluster_resources().get("CPU", 0)) - float(plan.scaling.total().get("CPU", 0))
     try:
-        datasets = data_source.build(plan, preprocess)
+        datasets = data_source.build(plan, preprocess, {} if spare >= 1 else {"num_cpus": 0})
     except data_source.DataError as exc:
         return {}, str(exc)
-    for name, ds in datasets.items():
-        emit(events.DATASET, name=name, rows=ds.count(), preprocess=preprocess is not None)
+    feeders, streaming = {}, {}
+    for spec in plan.data:
+        name = spec["name"]
+        streaming[name] = data_source.cpus_per_task(datasets[name]) <= max(spare, 0.0)
+        feeders[name] = data_feed.start_feeder(datasets[name], name, f"--data {name}={spec['path']}")
+    dp, micro = int(plan.parallel["dp"]), int(plan.deepspeed["train_micro_batch_size_per_gpu"])
+    for spec in plan.data:
+        name = spec["name"]
+        need = dp * micro if streaming[name] else float("inf")  # a transform that needs a CPU: all rows first
+        while True:
+            try:
+                rows, done, error = ray.get(feeders[name].progress.remote(need))
+            except ray.exceptions.RayError as exc:  # the feeder's process died (out of memory, ...)
+                return {}, f"--data {name}={spec['path']}: the data feed failed: {data_source.first_line(exc)}"
+            if done or rows >= need:
+                break
+        problem = data_source.check_rows(f"--data {name}={spec['path']}", rows, done, error, dp, micro)
+        if problem:
+            return {}, problem
+        emit(events.DATASET, name=name, rows=rows if done else None, rows_ready=rows, streaming=streaming[name],
+             preprocess=preprocess is not None)
     timings.emit("data_ready")
-    return {"datasets": datasets, "dataset_config": data_source.data_config()}, None
+    return feeders, None
 
 
 def read_plan() -> Plan:
@@ -211,7 +236,7 @@ def main() -> int:
             emit(events.INVALID, message=str(exc))
             return EXIT_CANNOT_RUN
 
-    datasets, problem = load_datasets(plan)
+    feeders, problem = load_datasets(plan)  # held until fit() returns: the workers read from them
     if problem:
         emit(events.ERROR, type="DataError", rank=None, message=problem)
         return EXIT_TRAINING_FAILED
@@ -241,7 +266,6 @@ def main() -> int:
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from, "run": run_name},
-        **datasets,
         torch_config=torch_config(timeout_s=float(plan.timeout_s), interface=plan.interface),
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,

@@ -98,6 +98,11 @@ def test_every_id_once_per_epoch_and_every_format_reads(baseline):
     assert "Dataset " not in log and "Progress bars" not in log  # no Ray Data noise in the job's log
     metrics = [line for line in log.splitlines() if '"event":"metrics"' in line]
     assert metrics and all('"data_wait_s"' in line for line in metrics)
+    # preprocessing streams: the 2 workers hold both CPUs, the read asks for none and streams beside them
+    ready = {e["name"]: e for e in (json.loads(line[line.index("{"):]) for line in log.splitlines()
+                                    if '"event":"dataset"' in line)}
+    assert sorted(ready) == ["c", "h", "p", "t", "train"] and all(e["streaming"] for e in ready.values())
+    assert ready["train"]["rows_ready"] >= 4  # the workers started with at least one global micro-batch
 
 
 def test_a_killed_worker_and_a_resume_on_fewer_workers_continue_the_epoch_exactly(cli, data, baseline):

@@ -84,9 +84,33 @@ def test_dry_run_shows_the_datasets_and_where_preprocessing_runs(files, raytrain
     args = ["submit", CNN, "--dry-run", "--data", f"train={files}/a.jsonl", "--data", f"eval={files}/hf"]
     out = CliRunner().invoke(main, args).output
     assert f"data        train: {files}/a.jsonl (json)" in out and f"eval: {files}/hf (hf)" in out
-    assert "by Ray Data tasks on the cluster's CPUs, once, before the workers start" in out
-    assert "prefetch 2" in out
+    assert "preprocess: read as Ray Data tasks on the cluster's CPUs" in out  # CNN defines no preprocess
+    assert "run once per job by a feeder actor" in out
+    assert "streaming: the workers start once 1 row(s) (one micro-batch per data-parallel rank) are ready" in out
+    assert "workers: each of 1 data-parallel rank(s) takes its own rows" in out and "prefetch 2 batch(es)" in out
     info = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
     assert info["data"]["datasets"][1] == {"name": "eval", "path": f"{files}/hf", "format": "hf"}
+    assert info["data"]["preprocess"] is False and info["data"]["prefetch"] == 2
+    off = CliRunner().invoke(main, [*args, "--prefetch", "0", "--workers", "2", "--micro-batch", "3"]).output
+    assert "the workers start once 6 row(s)" in off and "each of 2 data-parallel rank(s)" in off
+    assert "prefetch 0 batch(es) ahead: off" in off
     refused = CliRunner().invoke(main, ["submit", CNN, "--data", "train=/nowhere/x.jsonl"])
     assert refused.exit_code == 2 and "--data train=/nowhere/x.jsonl: no such file or folder" in refused.output
+
+
+def test_dry_run_names_the_jobs_preprocess(files, raytrain_home):
+    job = str(JOBS / "gpt_text.py")
+    out = CliRunner().invoke(main, ["submit", job, "--dry-run", "--json", "--data", f"train={files}/a.jsonl"]).output
+    data = json.loads(out)["data"]
+    assert data["preprocess"] is True
+    assert data["preprocess_where"].startswith("read + the job's preprocess(dataset, ctx) as Ray Data tasks")
+
+
+def test_defines_preprocess_reads_the_top_level_only(tmp_path):
+    from raytrain.config.data import defines_preprocess
+
+    job = tmp_path / "job.py"
+    job.write_text("def train(ctx):\n    def preprocess(d, c):\n        return d\n")
+    assert not defines_preprocess(str(job))
+    job.write_text("import x\n\ndef preprocess(dataset, ctx):\n    return dataset\n")
+    assert defines_preprocess(str(job)) and not defines_preprocess(str(tmp_path / "missing.py"))

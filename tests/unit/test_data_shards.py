@@ -115,7 +115,6 @@ def test_unlimited_epochs_keep_going():
 
 
 def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_path, monkeypatch, capsys):
-    import ray.train
     import torch
 
     from raytrain.cli.progress import describe_metrics
@@ -125,7 +124,9 @@ def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_p
     from tests.conftest import JOBS
 
     (tmp_path / "d.jsonl").write_text("{}\n")
-    monkeypatch.setattr(ray.train, "get_dataset_shard", lambda name: Rows(20))
+    from raytrain.runtime import data_feed
+
+    monkeypatch.setattr(data_feed, "FeedSource", lambda name: Rows(20))  # the driver's feed, without a cluster
     plan = resolve(Options(job=str(JOBS / "cnn.py"), data={"train": str(tmp_path / "d.jsonl")}, micro_batch=4))
 
     def make():
