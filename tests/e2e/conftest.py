@@ -49,11 +49,7 @@ def e2e_env():
         "RAYTRAIN_DASHBOARD_PORT": os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", "8275"),
         "PYTHONUNBUFFERED": "1",
         "COLUMNS": "200",
-        # Each of the suite's hundreds of CLI runs (and the cluster's Ray workers, which inherit this) would
-        # compile raytrain's modules again where bytecode writing is off: cache it, outside the source tree.
-        "PYTHONPYCACHEPREFIX": str(home / "pycache"),
     }
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.pop("RAYTRAIN_ADDRESS", None)
     env.pop("RAY_ADDRESS", None)
     cli = CLI(env)
