@@ -51,10 +51,8 @@ def describe(master_addr: str) -> dict[str, Any]:
         for name, addrs in psutil.net_if_addrs().items()
     }
     up = {name: bool(st.isup) for name, st in psutil.net_if_stats().items()}
-    try:
-        gpus = [str(g) for g in ray.get_gpu_ids()]
-    except Exception:  # outside a Ray worker
-        gpus = []
+    # outside a Ray worker there are no Ray GPU ids: ray.get_gpu_ids() would auto-start a local Ray instance
+    gpus = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
     return {
         "host": socket.gethostname(),
         "node_ip": ray.util.get_node_ip_address(),

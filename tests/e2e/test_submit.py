@@ -25,6 +25,7 @@ def assert_loss_falls(losses, steps):
     assert sum(losses[-3:]) / 3 < losses[0] - 0.05, losses
 
 
+@pytest.mark.cold_start
 def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     cli = e2e_env
     cli("cluster", "down", "--force", check=True, timeout=120)  # whatever ran before: submit must start it

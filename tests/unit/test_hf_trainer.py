@@ -20,6 +20,26 @@ HF = SCRIPTS / "hf_trainer.py"
 AUTO = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping")
 
 
+@pytest.fixture(autouse=True)
+def accelerate_state_restored():
+    """A TrainingArguments (built here directly or by HfArgumentParser) sets up Accelerate's process-wide
+    PartialState: one process, DistributedType.NO. Left behind, every process forked later in this pytest
+    process inherits it, and Accelerator() there answers from it instead of the launcher's environment
+    (tests/unit/test_accelerate_script.py then saw 1 process). Clear it, and the environment, afterwards."""
+    import os
+
+    env = dict(os.environ)
+    try:
+        yield
+    finally:
+        if "accelerate.state" in __import__("sys").modules:
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state(reset_partial_state=True)  # what accelerate's own test cases do
+        os.environ.clear()
+        os.environ.update(env)
+
+
 def plan(*args, **kw):
     return resolve(Options(job=str(HF), workers=kw.pop("workers", 2), job_args=list(args), **kw))
 

@@ -3,6 +3,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from raytrain.runtime.imports import UNUSED_BY_DEEPSPEED, import_hiding
 
 
@@ -42,17 +44,28 @@ def test_an_already_imported_package_is_not_hidden(tmp_path, monkeypatch):
             sys.modules.pop(name, None)
 
 
-def test_deepspeed_on_a_worker_does_not_import_mlflow():
-    """The real DeepSpeed, in a fresh interpreter: mlflow (installed with raytrain[track]) stays out."""
+@pytest.fixture(scope="module")
+def fresh_deepspeed_import() -> dict[str, str]:
+    """One fresh interpreter (importing torch and DeepSpeed costs seconds) answers what a worker's import
+    pulls in: after import_deepspeed, which unused packages are loaded; after importing DeepSpeed's Muon module
+    (as ZeRO optimizers do), whether TorchInductor was loaded."""
     code = (
         "import sys, os; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
         "from raytrain.runtime.imports import import_deepspeed\n"
         "import_deepspeed()\n"
-        "print(sorted(n for n in %r if n in sys.modules))\n" % (UNUSED_BY_DEEPSPEED,)
+        "print('unused:', sorted(n for n in %r if n in sys.modules))\n"
+        "import torch\n"
+        "from deepspeed.runtime.zero.muon import muon_optimizer, original_muon\n"
+        "print('inductor:', 'torch._inductor.compile_fx' in sys.modules)\n" % (UNUSED_BY_DEEPSPEED,)
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    return dict(line.split(": ", 1) for line in out.stdout.splitlines() if line.startswith(("unused: ", "inductor: ")))
+
+
+def test_deepspeed_on_a_worker_does_not_import_mlflow(fresh_deepspeed_import):
+    """The real DeepSpeed, in a fresh interpreter: mlflow (installed with raytrain[track]) stays out."""
+    assert fresh_deepspeed_import["unused"] == "[]"
 
 
 def _run(code: str, **env) -> list[str]:
@@ -69,10 +82,10 @@ def _run(code: str, **env) -> list[str]:
     return proc.stdout.strip().splitlines()
 
 
-def test_deepspeeds_muon_module_builds_no_compiled_wrappers_until_they_are_called():
+def test_deepspeeds_muon_module_builds_no_compiled_wrappers_until_they_are_called(fresh_deepspeed_import):
     """ZeRO optimizers import DeepSpeed's Muon module; its torch.compile decorations (TorchInductor) wait for
     a call. Called (dynamo disabled there: no C++ compiler run in a unit test), they give the eager result."""
-    assert _run("print('torch._inductor.compile_fx' in sys.modules)")[-1] == "False"
+    assert fresh_deepspeed_import["inductor"] == "False"
     compare = (
         "g = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))\n"
         "out = original_muon.zeropower_via_newtonschulz5(g, 5)\n"

@@ -75,9 +75,12 @@ def test_probes_connect_on_loopback_and_fail_fast_on_a_closed_port():
 
 
 def test_describe_reports_this_machine():
+    import ray
+
     r = describe("127.0.0.1")
     assert r["host"] == socket.gethostname() and "lo" in r["interfaces"]
     assert r["route_source"] == "127.0.0.1" and route_interface(r) == "lo"
+    assert r["gpus"] == [] and not ray.is_initialized()  # outside a worker: no Ray instance started for GPU ids
 
 
 def test_terminal_lines():
