@@ -196,6 +196,7 @@ def _wait_until_up(cluster: LocalCluster, proc, timeout_s: float) -> None:
     dashboard = cluster.dashboard()
     while True:
         if proc.poll() is not None:
+            ray_process.reap_group(proc.pid)  # what it started before failing must not hold the ports
             tail = ray_process.log_tail(log_path)
             raise ClusterError(f"`ray start --head` exited with {proc.returncode}; its log ({log_path}):\n{tail}")
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import json
+import contextlib
 import os
 import shutil
 import signal
@@ -150,25 +151,50 @@ def log_tail(path: str | Path, lines: int = 15) -> str:
 
 
 def terminate(pid: int, grace_s: float = 30.0) -> None:
-    """SIGTERM ``ray start --block`` (it stops every process it started), SIGKILL the group if needed."""
+    """SIGTERM ``ray start --block`` (it stops every process it started), SIGKILL the group if needed, and
+    end whatever of its session outlived it (see ``reap_group``)."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
+        reap_group(pid)
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
             if done:
-                return
+                break
         except ChildProcessError:
             if not pid_alive(pid):
-                return
+                break
         time.sleep(0.2)
+    reap_group(pid)
+
+
+def _group_alive(pgid: int) -> bool:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pgid, 0)
+        return True
     except ProcessLookupError:
-        pass
+        return False
+    except PermissionError:  # another user's group with a reused id: not ours to touch
+        return False
+
+
+def reap_group(pgid: int, grace_s: float = 5.0) -> None:
+    """End every process left in the session ``ray start`` ran in (it is started as a session leader, so the
+    session id is its pid). A ``ray start --head`` that fails or times out on a busy machine exits without
+    stopping what it had started (the GCS, the raylet, the dashboard and its agents), which then hold the
+    cluster's ports and make the next ``cluster up`` fail with "port in use"."""
+    if not _group_alive(pgid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def stop(pid: int, temp: str, record: Path) -> None:

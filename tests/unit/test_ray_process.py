@@ -79,3 +79,37 @@ def test_down_never_stops_a_process_that_only_reuses_the_recorded_pid(raytrain_h
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_failed_ray_start_leaves_nothing_of_its_session_running(tmp_path):
+    """`ray start --head` that times out on a busy machine exits and leaves the processes it started (the
+    dashboard agent holding a port) in its session: reap_group ends them so the next `cluster up` can bind."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    # A session leader (as spawn() starts `ray start`) that starts a long-lived child, then exits with an error.
+    leader = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+         f"open({str(pid_file)!r}, 'w').write(str(p.pid)); sys.exit(1)"],
+        start_new_session=True,
+    )
+    assert leader.wait(timeout=30) == 1
+    child = int(pid_file.read_text())
+    assert ray_process.pid_alive(child)  # what a failed `ray start` leaves behind
+    ray_process.reap_group(leader.pid)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(child, os.WNOHANG)[0]:  # not ours to reap: it was re-parented; poll below
+                break
+        except ChildProcessError:
+            pass
+        if not ray_process.pid_alive(child):
+            break
+        time.sleep(0.1)
+    assert not ray_process.pid_alive(child)
+    ray_process.reap_group(leader.pid)  # a session with nothing left: a no-op
