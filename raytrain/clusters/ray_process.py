@@ -133,9 +133,6 @@ QUIET_ENV = {
     "RAY_memory_monitor_refresh_ms": "1000",
     "RAY_gcs_pull_resource_loads_period_milliseconds": "5000",
     "RAY_debug_dump_period_milliseconds": "60000",
-    # not a period: how long the raylet waits for the dashboard agent to start (60 s); on a machine loaded
-    # far beyond its cores the agent's imports alone took longer and `ray start` failed
-    "RAY_agent_register_timeout_ms": "150000",
 }
 def quiet() -> bool:
     return os.environ.get("RAYTRAIN_QUIET_HEAD", "1") != "0"
