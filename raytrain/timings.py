@@ -24,7 +24,7 @@ PHASES: list[tuple[str, str, str]] = [
     ("job_accepted", "ray", "the Ray job was created"),
     ("driver_started", "driver", "the driver process started (runtime env ready)"),
     ("data_ready", "driver", "--data streaming: its first rows read and preprocessed by Ray Data"),
-    ("driver_ready", "driver", "driver imports, ray.init and cluster checks done"),
+    ("driver_ready", "driver", "driver imports, ray.init, cluster checks and the trainer done"),
     ("workers_started", "controller", "placement group ready, worker processes up"),
     ("preflight", "controller", "every worker can reach rank 0"),
     ("process_group", "controller", "torch.distributed process group formed"),
@@ -86,6 +86,7 @@ class Row:
     t: float  # wall clock (the latest rank's, for per-worker phases)
     ranks: int = 0  # how many workers marked it (per-worker phases)
     spread_s: float = 0.0  # first to last worker
+    cpu_s: float | None = None  # CPU seconds the marking process had used by then (the most of any rank)
 
     @property
     def meaning(self) -> str:
@@ -100,14 +101,19 @@ def timeline(events: Iterable[dict], job_accepted: float | None = None) -> list[
     every collective waits for) and the spread; a phase restarted after a failure keeps its first run."""
     firsts: dict[str, float] = {}
     per_rank: dict[str, dict[int, float]] = {}
+    cpu: dict[str, float] = {}
     for e in events:
         phase, t = e.get("phase"), e.get("t")
         if phase not in ORDER or not isinstance(t, (int, float)):
             continue
         if e.get("rank") is None:
+            seen = phase in firsts
             firsts.setdefault(phase, float(t))
         else:
+            seen = int(e["rank"]) in per_rank.get(phase, {})
             per_rank.setdefault(phase, {}).setdefault(int(e["rank"]), float(t))
+        if not seen and isinstance(e.get("cpu"), (int, float)):
+            cpu[phase] = max(cpu.get(phase, 0.0), float(e["cpu"]))
     if job_accepted and "job_accepted" not in firsts:
         firsts["job_accepted"] = float(job_accepted)
     points = [(phase, t, 0, 0.0) for phase, t in firsts.items()]
@@ -119,16 +125,20 @@ def timeline(events: Iterable[dict], job_accepted: float | None = None) -> list[
     start = min(p[1] for p in points)
     rows, prev = [], start
     for phase, t, ranks, spread in points:
-        rows.append(Row(phase, round(t - start, 3), round(max(t - prev, 0.0), 3), round(t, 3), ranks, round(spread, 3)))
+        rows.append(Row(phase, round(t - start, 3), round(max(t - prev, 0.0), 3), round(t, 3), ranks, round(spread, 3),
+                        cpu.get(phase)))
         prev = max(prev, t)
     return rows
 
 
 def emit(phase: str, t: float | None = None, rank: int | None = None) -> None:
-    """Write the phase into the job's log (from the driver, the controller or a worker)."""
+    """Write the phase into the job's log (from the driver, the controller or a worker); a phase marked now
+    carries the CPU seconds this process has used (``cpu``: comparable where wall time is not, on a busy node)."""
     from raytrain import events
 
     data: dict[str, Any] = {"phase": phase, "t": round(t if t is not None else time.time(), 3)}
+    if t is None:
+        data["cpu"] = round(time.process_time(), 3)
     if rank is not None:
         data["rank"] = rank
     events.emit(events.TIMING, **data)
@@ -136,8 +146,9 @@ def emit(phase: str, t: float | None = None, rank: int | None = None) -> None:
 
 def table(rows: list[Row]) -> list[str]:
     """Plain-text lines for the terminal: phase, seconds from the start, seconds it added, what it is."""
-    lines = [f"{'phase':<16} {'at':>8} {'took':>7}  what"]
+    lines = [f"{'phase':<16} {'at':>8} {'took':>7} {'cpu':>7}  what"]
     for r in rows:
         extra = f" ({r.ranks} workers, spread {r.spread_s:.2f} s)" if r.ranks > 1 else ""
-        lines.append(f"{r.phase:<16} {r.at_s:>7.2f}s {r.took_s:>6.2f}s  {r.meaning}{extra}")
+        cpu = f"{r.cpu_s:>6.2f}s" if r.cpu_s is not None else f"{'':>7}"
+        lines.append(f"{r.phase:<16} {r.at_s:>7.2f}s {r.took_s:>6.2f}s {cpu}  {r.meaning}{extra}")
     return lines

@@ -108,7 +108,8 @@ def load_record(path: Path, cls: type[T]) -> T | None:
 
 
 # Settings for a Ray node raytrain runs itself (bench/idle_cluster.py measures them against Ray's defaults;
-# RAYTRAIN_QUIET_HEAD=0 turns them off, and any of them set in the environment wins):
+# RAYTRAIN_QUIET_HEAD=0 turns them off, and any of them set in the environment wins). Each one is a period of
+# something a raytrain-run node does not need often: an idle head's processes wake up far less.
 QUIET_ENV = {
     "RAY_worker_niceness": "0",  # Ray runs workers at nice 15 under its own head processes at 0: on a busy
     #                              node the head would take cycles from training
@@ -116,11 +117,30 @@ QUIET_ENV = {
     "RAY_event_stats": "0",  # per-event-loop statistics in every Ray process
     "METRICS_RECORD_INTERVAL_S": "60",  # the dashboard's own metrics (default 5 s)
     "REPORTER_UPDATE_INTERVAL_MS": "10000",  # per-node CPU/memory for `cluster status` (default 5 s)
+    # the log monitor globs the log folder for new files every 0.5 s; a new worker's log is read from its
+    # start once found, so nothing is lost, it only reaches the job's log up to 2 s later
+    "LOG_NAME_UPDATE_INTERVAL_S": "2",
+    # the dashboard agent: its parent check (0.4 s), event-loop lag probe (0.25 s), event reports (0.1 s), the
+    # event folder scan (2 s), the aggregator's main-thread probe (0.1 s)
+    "RAY_DASHBOARD_AGENT_CHECK_PARENT_INTERVAL_S": "2",
+    "RAY_DASHBOARD_AGENT_LOOP_MONITOR_INTERVAL_S": "5",
+    "EVENT_AGENT_REPORT_INTERVAL_SECONDS": "1",
+    "SCAN_EVENT_DIR_INTERVAL_SECONDS": "10",
+    "RAY_DASHBOARD_AGGREGATOR_AGENT_CHECK_MAIN_THREAD_LIVENESS_INTERVAL_SECONDS": "2",
+    "AUTOSCALER_UPDATE_INTERVAL_S": "30",  # the autoscaler monitor of a node that never scales (5 s)
+    # raylet and GCS: object-store GC check (100 ms), memory monitor (250 ms), resource-load pulls for the
+    # autoscaler (1 s), debug state dumps (10 s)
+    "RAY_raylet_check_gc_period_milliseconds": "1000",
+    "RAY_memory_monitor_refresh_ms": "1000",
+    "RAY_gcs_pull_resource_loads_period_milliseconds": "5000",
+    "RAY_debug_dump_period_milliseconds": "60000",
 }
+def quiet() -> bool:
+    return os.environ.get("RAYTRAIN_QUIET_HEAD", "1") != "0"
 
 
 def quiet_env() -> dict[str, str]:
-    return {} if os.environ.get("RAYTRAIN_QUIET_HEAD", "1") == "0" else dict(QUIET_ENV)
+    return dict(QUIET_ENV) if quiet() else {}
 
 
 def spawn(args: list[str], *, token_path: Path, log_path: Path, extra_env: dict | None = None) -> subprocess.Popen:

@@ -163,21 +163,31 @@ def _pinned_address() -> dict | None:
     return {"env_vars": {"RAY_ADDRESS": address}} if address else None
 
 
-def watch_placement(plan: Plan):
-    """Remove the placement groups ended jobs leaked (they would hold this job's CPUs/GPUs for ever), then watch
-    this job's groups until ``fit()`` returns: a ``waiting`` event says what the workers wait for and who
-    holds it; after ``--start-timeout`` the driver gives up (exit 1)."""
-    import ray
-
+def clean_leaked() -> None:
+    """Remove the placement groups ended jobs leaked (they would hold this job's CPUs/GPUs for ever)."""
     from raytrain.runtime import placement_watch
 
     try:
         removed = placement_watch.remove_leaked()
-    except Exception as exc:  # the state API did not answer: the watch below still reports a wait
+    except Exception as exc:  # the state API did not answer: the watch still reports a wait
         print(f"raytrain: could not look for leaked placement groups: {exc}", file=sys.stderr)
         removed = []
     if removed:
         emit(events.CLEANED, groups=removed)
+
+
+def watch_placement(plan: Plan):
+    """Remove leaked placement groups (two state API calls, from a thread: this job's group is placed as soon
+    as they are gone, and the start waits for nothing when there are none), then watch this job's groups
+    until ``fit()`` returns: a ``waiting`` event says what the workers wait for and who holds it; after
+    ``--start-timeout`` the driver gives up (exit 1)."""
+    import threading
+
+    import ray
+
+    from raytrain.runtime import placement_watch
+
+    threading.Thread(target=clean_leaked, name="raytrain-clean-leaked", daemon=True).start()
     job_id = ray.get_runtime_context().get_job_id()
     timeout_s = float(plan.start_timeout_s)
     watch = placement_watch.StartWatch(
@@ -242,12 +252,10 @@ def main() -> int:
         return EXIT_TRAINING_FAILED
 
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    from raytrain.runtime.preflight import torch_config
+    from raytrain.runtime import torch_backend
     from raytrain.runtime.worker import train_loop_per_worker
 
-    timings.emit("driver_ready")
     emit(
         events.STARTED,
         name=plan.name,
@@ -263,10 +271,10 @@ def main() -> int:
         pp=plan.parallel["pp"],
         resume_from=resume_from,
     )
-    trainer = TorchTrainer(
+    trainer = torch_backend.trainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from, "run": run_name},
-        torch_config=torch_config(timeout_s=float(plan.timeout_s), interface=plan.interface),
+        backend_config_args={"timeout_s": float(plan.timeout_s), "interface": plan.interface},
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,
             use_gpu=scaling.use_gpu,
@@ -283,6 +291,7 @@ def main() -> int:
             logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
         ),
     )
+    timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included
     watch = watch_placement(plan)
     try:
         result = trainer.fit()

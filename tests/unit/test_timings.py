@@ -65,3 +65,21 @@ def test_process_start_time_is_this_process():
     assert start is not None and start <= time.time() and time.time() - start < 3600
     assert timings.process_start_time(os.getpid()) == start
     assert timings.process_start_time(2**30) is None
+
+
+def test_a_phase_marked_now_carries_this_process_cpu_and_the_table_shows_it(monkeypatch, capsys):
+    sum(i * i for i in range(200_000))  # some CPU in this process
+    timings.emit("driver_ready")
+    timings.emit("driver_started", 1.0)  # a time from elsewhere (the process start): no CPU figure
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.strip()]
+    facts = JobFacts.from_lines(lines + [
+        "(RayTrainWorker pid=1) " + format_event(TIMING, phase="imports", t=time.time(), rank=0, cpu=2.5),
+        "(RayTrainWorker pid=2) " + format_event(TIMING, phase="imports", t=time.time(), rank=1, cpu=3.0),
+    ])
+    rows = {r.phase: r for r in timings.timeline(facts.timings)}
+    assert 0 < rows["driver_ready"].cpu_s <= time.process_time()
+    assert rows["driver_started"].cpu_s is None
+    assert rows["imports"].cpu_s == 3.0  # the most of any rank
+    table = timings.table(list(rows.values()))
+    assert table[0].split()[:4] == ["phase", "at", "took", "cpu"]
+    assert any(l.startswith("imports") and "3.00s" in l for l in table)

@@ -1,0 +1,32 @@
+"""The local head raytrain starts: the quiet settings (periods of what an idle head does), Ray's defaults
+back under RAYTRAIN_QUIET_HEAD=0 (bench/idle_cluster.py measures both)."""
+from raytrain.clusters import ray_process
+
+
+def test_quiet_env_slows_what_an_idle_head_polls(monkeypatch):
+    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    env = ray_process.quiet_env()
+    assert env["RAY_worker_niceness"] == "0"  # the node's own workers are not niced under its head
+    assert env["RAY_enable_metrics_collection"] == "0"
+    assert float(env["LOG_NAME_UPDATE_INTERVAL_S"]) > 0.5  # Ray's default glob period
+    assert float(env["RAY_memory_monitor_refresh_ms"]) > 250
+    for key, value in env.items():
+        assert value.replace(".", "", 1).isdigit(), (key, value)  # Ray parses them as numbers
+    monkeypatch.setenv("RAYTRAIN_QUIET_HEAD", "0")
+    assert ray_process.quiet_env() == {}
+
+
+def test_environment_wins_over_the_quiet_settings(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    monkeypatch.setenv("LOG_NAME_UPDATE_INTERVAL_S", "0.5")
+    seen = {}
+
+    class Popen:
+        def __init__(self, args, env, **kwargs):
+            seen.update(env)
+            self.pid = 0
+
+    monkeypatch.setattr(ray_process.subprocess, "Popen", Popen)
+    ray_process.spawn(["start"], token_path=tmp_path / "t", log_path=tmp_path / "log")
+    assert seen["LOG_NAME_UPDATE_INTERVAL_S"] == "0.5"
+    assert seen["RAY_memory_monitor_refresh_ms"] == ray_process.QUIET_ENV["RAY_memory_monitor_refresh_ms"]

@@ -1,0 +1,65 @@
+"""The torch-free backend: Ray Train's controller (and the driver) can unpickle and hold it without torch;
+only the workers import Ray's torch helpers."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raytrain.runtime import torch_backend
+
+CHECK = """
+import sys, ray.cloudpickle as cp
+config = cp.loads(sys.stdin.buffer.read())
+backend = config.backend_cls()
+assert type(backend).__name__ == "LazyTorchBackend" and backend.share_cuda_visible_devices
+assert config.framework.value == "torch" and config.interface == "eth9" and config.timeout_s == 42
+assert config.to_dict() == {"backend": None, "init_method": "env", "timeout_s": 42}
+print("torch" in sys.modules, "deepspeed" in sys.modules)
+"""
+
+
+def test_the_controller_unpickles_the_backend_without_importing_torch():
+    import ray.cloudpickle as cp
+
+    config = torch_backend.make_config(timeout_s=42.0, interface="eth9")
+    out = subprocess.run([sys.executable, "-c", CHECK], input=cp.dumps(config), capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout.decode().split() == ["False", "False"]
+
+
+def test_the_driver_builds_its_trainer_without_importing_torch():
+    code = ("import sys\n"
+            "from raytrain.runtime import driver, torch_backend, worker\n"
+            "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer\n"
+            "torch_backend.make_config(timeout_s=1, interface=None)\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout.decode().split() == ["False"]
+
+
+def test_process_group_backend_is_rays_choice():
+    assert torch_backend.process_group_backend(None, {"CPU": 1}) == "gloo"
+    assert torch_backend.process_group_backend(None, {"CPU": 1, "GPU": 1}) == "nccl"
+    assert torch_backend.process_group_backend(None, {"GPU": 0}) == "gloo"
+    assert torch_backend.process_group_backend("gloo", {"GPU": 1}) == "gloo"
+
+
+def test_worker_side_helpers(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    torch_backend.set_master("10.0.0.1", 29500)
+    assert os.environ["MASTER_ADDR"] == "10.0.0.1" and os.environ["MASTER_PORT"] == "29500"
+    monkeypatch.setattr(torch_backend, "RAY_TORCH", "os.path")  # the by-name call, without torch
+    assert torch_backend.call("join", "a", "b") == os.path.join("a", "b")
+
+
+@pytest.mark.parametrize("value, lazy", [(None, True), ("1", True), ("0", False)])
+def test_switch(monkeypatch, value, lazy):
+    if value is None:
+        monkeypatch.delenv("RAYTRAIN_LAZY_TORCH", raising=False)
+    else:
+        monkeypatch.setenv("RAYTRAIN_LAZY_TORCH", value)
+    assert torch_backend.lazy_torch_enabled() is lazy
