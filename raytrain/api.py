@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from raytrain import run_record
 from raytrain.capacity import capacity_problem, tensor_group_problem
 from raytrain.config import Options, Plan, resolve
 from raytrain.errors import ClusterError, JobFailed
@@ -132,7 +133,9 @@ def submit_request(target: Target, request: Request) -> JobHandle:
     check_here(target, request.plan)
     target.ensure_running()
     check_capacity(target, request.plan, request)
-    return target.submit(_with_client_timings(request))
+    handle = target.submit(_with_client_timings(request))
+    run_record.remember(handle.job_id, request.plan.storage)
+    return handle
 
 
 def _with_client_timings(request: Request) -> Request:
@@ -172,7 +175,6 @@ def wait(
 
 def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15) -> str:
     """The failing rank's last lines of output, from the run's record ("" when there is none)."""
-    from raytrain import run_record
 
     error = (info.facts or JobFacts()).error or {}
     folder = run_record.find(info.job_id, [storage]) if error.get("rank") is not None else None

@@ -47,9 +47,40 @@ def read_lines(folder: Path) -> list[str]:
     return [rest for *_, rest in sorted(timed)]
 
 
+def _index_path(job_id: str) -> Path | None:
+    from raytrain import paths
+
+    if not job_id or not all(c.isalnum() or c in "._-" for c in job_id) or job_id.startswith("."):
+        return None
+    return paths.home() / "submitted" / job_id
+
+
+def remember(job_id: str, storage: str | None) -> None:
+    """Note on this machine where a submitted run keeps its record, so that `jobs logs --rank`, `jobs metrics`
+    and friends find a run with a non-default ``--storage`` without being told again."""
+    path = _index_path(job_id)
+    if path is None or record_dir(storage, job_id) is None:
+        return
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.write_text(str(Path(storage).expanduser().resolve()) + "\n")
+    except OSError:
+        pass  # a convenience only: the commands still take --storage
+
+
+def remembered_storage(job_id: str) -> str | None:
+    """The storage ``remember`` noted for ``job_id`` on this machine, if any."""
+    path = _index_path(job_id)
+    try:
+        return path.read_text().strip() or None if path is not None else None
+    except OSError:
+        return None
+
+
 def find(job_id: str, storages: list[str | None]) -> Path | None:
-    """The record of run ``job_id`` in the first of ``storages`` that has one."""
-    for storage in storages:
+    """The record of run ``job_id`` in the first of ``storages`` that has one; the storage noted at submit
+    time on this machine comes after the first (the one the user named) and before the rest (defaults)."""
+    for storage in [*storages[:1], remembered_storage(job_id), *storages[1:]]:
         folder = record_dir(storage, job_id)
         if folder is not None and folder.is_dir() and (any(folder.glob("events-*.log")) or (folder / "logs").is_dir()):
             return folder

@@ -141,7 +141,7 @@ def status(job_id, address, as_json, show_timings, **k8s):
 @click.option("--rank", "ranks", type=int, multiple=True, metavar="N",
               help="Only rank N's stdout/stderr, from the run's storage (also after the cluster stopped).")
 @click.option("--node", metavar="HOST|IP", help="Only the ranks that ran on this node, from the run's storage.")
-@click.option("--storage", metavar="PATH", help="--rank/--node: the run's storage where it was not the default.")
+@click.option("--storage", metavar="PATH", help="--rank/--node: the run's storage where it was not the default (not needed on the machine that submitted it).")
 @target_options
 @handle_errors
 def logs(job_id, address, follow, verbose, ranks, node, storage, **k8s):
