@@ -73,10 +73,20 @@ def pid_alive(pid: int) -> bool:
 
 
 def started_at(pid: int) -> float | None:
-    """When process ``pid`` started (None where /proc cannot tell)."""
-    from raytrain.timings import process_start_time
+    """When process ``pid`` started, in seconds since boot (None where /proc cannot tell). Since boot, not a
+    wall-clock time: /proc's boot time moves whenever the wall clock is stepped (NTP, a VM resumed), so a
+    wall-clock start time computed later can differ from the recorded one by many seconds, and the running
+    cluster would then be taken for another process and forgotten (`cluster status`: none running; the next
+    `cluster up`: "port in use")."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
-    return process_start_time(pid)
+
+_WALL_CLOCK = 1e9  # a recorded start above this is a wall-clock time (records written before 0.1.0's fix)
 
 
 def same_process(pid: int, pid_started: float | None) -> bool:
@@ -86,8 +96,13 @@ def same_process(pid: int, pid_started: float | None) -> bool:
         return False
     if pid_started is None:
         return True  # a record from before start times were kept: the pid is all there is
+    if pid_started > _WALL_CLOCK:  # an older record: compare wall-clock times, allowing for clock steps
+        from raytrain.timings import process_start_time
+
+        now = process_start_time(pid)
+        return now is None or abs(now - pid_started) < 120.0
     now = started_at(pid)
-    return now is None or abs(now - pid_started) < 1.0
+    return now is None or abs(now - pid_started) < 0.05
 
 
 def load_record(path: Path, cls: type[T]) -> T | None:

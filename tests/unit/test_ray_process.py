@@ -113,3 +113,24 @@ def test_a_failed_ray_start_leaves_nothing_of_its_session_running(tmp_path):
         time.sleep(0.1)
     assert not ray_process.pid_alive(child)
     ray_process.reap_group(leader.pid)  # a session with nothing left: a no-op
+
+
+def test_a_running_head_is_recognised_across_wall_clock_steps():
+    """The start time is kept in seconds since boot, which a wall-clock step (NTP, a resumed VM) does not
+    move; a record from before (a wall-clock start) is still recognised, allowing for such a step."""
+    import subprocess
+
+    from raytrain.timings import process_start_time
+
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        since_boot = ray_process.started_at(other.pid)
+        assert since_boot is not None and since_boot < 1e9
+        assert ray_process.same_process(other.pid, since_boot)
+        assert not ray_process.same_process(other.pid, since_boot - 1.0)
+        wall = process_start_time(other.pid)
+        assert ray_process.same_process(other.pid, wall + 40.0)  # a legacy record after a 40 s clock step
+        assert not ray_process.same_process(other.pid, wall - 3600)
+    finally:
+        other.kill()
+        other.wait()
