@@ -18,8 +18,8 @@ TRAINER_ARGS = ["--output_dir", "out", "--max_steps", "10", "--report_to", "none
                 "--save_strategy", "no", "--disable_tqdm", "true"]
 
 
-def run_trainer(cli, *flags, script_args=()):
-    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", "2", *flags, "--", *TRAINER_ARGS, *script_args,
+def run_trainer(cli, *flags, script_args=(), trainer_args=TRAINER_ARGS):
+    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", "2", *flags, "--", *trainer_args, *script_args,
                timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -67,9 +67,9 @@ def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_
     # ZeRO-3 with raytrain's checkpoint flags: the Trainer saves checkpoint-4/-8/-10 (--save_steps 4 and the
     # end), each rank's files (its ZeRO shards) reach the run's storage with raytrain's markers; rank 1 dies
     # after step 6 and Ray Train restarts the workers from the step-4 checkpoint (resume_from_checkpoint)
-    args = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]
+    saving = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]  # --checkpoint-every says when
     job, out, log = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--checkpoint-every", "4", "--keep", "2",
-                                "--max-failures", "1", script_args=["--fail_once_at_step", "6"])
+                                "--max-failures", "1", script_args=["--fail_once_at_step", "6"], trainer_args=saving)
     status = cli.json("jobs", "status", job)
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
     facts = cli.facts(job)
