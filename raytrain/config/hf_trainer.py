@@ -17,6 +17,13 @@ mismatch TrainingArguments values", on every rank, after the cluster started). S
 
 With nothing given on either side the Trainer's own defaults stand (micro-batch 8, max_grad_norm 1.0), so a
 script moved to raytrain trains as before.
+
+Checkpoints (the workers report every checkpoint the Trainer writes to Ray Train storage:
+raytrain.runtime.hf_checkpoints): ``--checkpoint-every N`` is the Trainer's ``--save_steps N`` (save strategy
+"steps"), ``--keep N`` its ``--save_total_limit N``; the script's own values fill what these flags leave open
+and a contradiction is refused before submitting, naming both. ``--resume`` (and a restart after a failure)
+reaches the Trainer as ``train(resume_from_checkpoint=...)``, so with the script's own
+``--resume_from_checkpoint`` it is refused.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ ARG_OF = {
     "grad_clip": "--max_grad_norm",
 }
 PRECISION_ARGS = ("--bf16", "--fp16")
+SAVE_ARGS = ("--save_strategy", "--save_steps", "--save_total_limit", "--resume_from_checkpoint")
 # What the Trainer owns in the DeepSpeed config; "auto" lets it fill each from TrainingArguments.
 AUTO_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping")
 TRUE, FALSE = {"true", "yes", "y", "1", "t"}, {"false", "no", "n", "0", "f"}
@@ -99,6 +107,61 @@ def script_values(args: list[str]) -> dict[str, tuple[Any, str]]:
     return found
 
 
+def given_args(args: list[str], names: tuple[str, ...]) -> dict[str, str | None]:
+    """The values the script's options ``names`` are given (``--name VALUE`` or ``--name=VALUE``; the last
+    occurrence wins, as in argparse)."""
+    end, found, i = options_end(args), {}, 0
+    while i < end:
+        name, eq, value = args[i].partition("=")
+        if name in names:
+            if not eq:
+                value, i = (args[i + 1] if i + 1 < end else None), i + 1
+            found[name] = value
+        i += 1
+    return found
+
+
+def _contradiction(mine: str, given: str, name: str) -> ConfigError:
+    return ConfigError(
+        f"{mine} contradicts the script's {given} (its TrainingArguments); drop one of them or make them agree",
+        flag=flag_of(name),
+    )
+
+
+def merge_checkpoint_args(opts: Options) -> Options:
+    """``--checkpoint-every``/``--keep``/``--resume`` against the script's ``--save_strategy``/``--save_steps``/
+    ``--save_total_limit``/``--resume_from_checkpoint``: the script's values fill what the flags leave open
+    (``--save_steps 50`` is a checkpoint every 50 steps), a contradiction is refused naming both."""
+    given = given_args(list(opts.job_args or []), SAVE_ARGS)
+    values: dict[str, Any] = {}
+    strategy, steps = given.get("--save_strategy"), given.get("--save_steps")
+    saves_steps = strategy is None or strategy.lower() == "steps"
+    every = opts.checkpoint_every or 0
+    if every and not saves_steps:
+        raise _contradiction(f"--checkpoint-every {every}", f"--save_strategy {strategy}", "checkpoint_every")
+    if steps is not None:
+        n = _number("--save_steps", steps, float)  # the Trainer also takes a fraction of the run (< 1)
+        if every and n != every:
+            raise _contradiction(f"--checkpoint-every {every}", f"--save_steps {steps}", "checkpoint_every")
+        if not every and saves_steps and n >= 1 and n.is_integer():
+            values["checkpoint_every"] = int(n)
+    limit = given.get("--save_total_limit")
+    if limit is not None:
+        n = _number("--save_total_limit", limit, int)
+        if opts.keep is not None and opts.keep != n:
+            raise _contradiction(f"--keep {opts.keep}", f"--save_total_limit {limit}", "keep")
+        if opts.keep is None:
+            values["keep"] = n
+    point = given.get("--resume_from_checkpoint")
+    if opts.resume and point is not None:
+        raise ConfigError(
+            f"--resume {opts.resume} and the script's --resume_from_checkpoint {point} both name the point to "
+            "continue from (raytrain gives the Trainer the restored checkpoint); give one of them",
+            flag="--resume",
+        )
+    return dataclasses.replace(opts, **values) if values else opts
+
+
 def merge_trainer_args(opts: Options, labels: dict[str, str] | None = None) -> Options:
     """Options with the script's Trainer arguments merged under them (a contradiction is refused, naming both;
     ``labels`` names where an option's value came from when not from its flag, e.g. a DeepSpeed config), and
@@ -130,6 +193,10 @@ def script_defaults(opts: Options, *, micro: int, accum: int) -> dict[str, str]:
         out[ARG_OF["grad_clip"]] = f"{opts.grad_clip:g}"
     if opts.precision in ("bf16", "fp16"):
         out[f"--{opts.precision}"] = "true"
+    if opts.checkpoint_every:
+        out.update({"--save_strategy": "steps", "--save_steps": str(opts.checkpoint_every)})
+    if opts.keep:
+        out["--save_total_limit"] = str(opts.keep)
     return out
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from raytrain.config.batch import Sources, batch_sizes
 from raytrain.config.checks import check_int, check_number
 from raytrain.config.deepspeed import deepspeed_dict, ds_origins, ds_view, load_ds_config, merge_under_flags
-from raytrain.config.hf_trainer import auto_config, merge_trainer_args, script_defaults
+from raytrain.config.hf_trainer import auto_config, merge_checkpoint_args, merge_trainer_args, script_defaults
 from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
 from raytrain.config.data import parse_data_pairs, resolve_data
 from raytrain.config.jobfile import JobFile, check_job_file
@@ -53,7 +53,7 @@ def _with_ds_config(opts: Options, job: JobFile) -> tuple[Options, dict, Sources
             name: f"{source or f'--ds-config {opts.ds_config}'} ({views[name][1]} = {views[name][0]})"
             for name in views if getattr(opts, name) is None
         }
-        merged = merge_trainer_args(merged, labels)
+        merged = merge_checkpoint_args(merge_trainer_args(merged, labels))
     return merged, ds, sources
 
 

@@ -14,16 +14,17 @@ from raytrain.config.options import Options, flag_of
 from raytrain.config.script_args import find_config_arg
 from raytrain.errors import ConfigError
 
-TRAIN_CTX_ONLY = ("checkpoint_every", "keep", "resume")  # raytrain checkpoints through train(ctx)'s engine
+# raytrain checkpoints through train(ctx)'s engine, or a Hugging Face Trainer's (raytrain.config.hf_trainer)
+TRAIN_CTX_ONLY = ("checkpoint_every", "keep", "resume")
 
 
-def _refuse_train_ctx_options(opts: Options) -> None:
-    for name in TRAIN_CTX_ONLY:
+def _refuse_train_ctx_options(opts: Options, *, hf_trainer: bool) -> None:
+    for name in () if hf_trainer else TRAIN_CTX_ONLY:
         if getattr(opts, name):
             flag = flag_of(name)
             raise ConfigError(
-                f"{flag}: raytrain checkpoints through train(ctx)'s engine; a script (script mode) saves and "
-                f"loads its own checkpoints: drop {flag}",
+                f"{flag}: raytrain checkpoints through train(ctx)'s engine or a Hugging Face Trainer's; this "
+                f"script (script mode) saves and loads its own checkpoints: drop {flag}",
                 flag=flag,
             )
     if opts.pp not in (None, 1):
@@ -37,7 +38,7 @@ def _refuse_train_ctx_options(opts: Options) -> None:
 def script_mode_options(opts: Options, job: JobFile) -> tuple[Options, str | None, str]:
     """Script mode's checks, and the DeepSpeed config given in the script's arguments as ``ds_config``.
     Returns (options, the config's label for errors or None, the flag that gave it)."""
-    _refuse_train_ctx_options(opts)
+    _refuse_train_ctx_options(opts, hf_trainer=job.hf_trainer)
     arg = find_config_arg(opts.job_args or [])
     if arg is None:
         return opts, None, "--ds-config"

@@ -8,6 +8,10 @@ default); the callback asks for a log every ``RAYTRAIN_HF_LOG_EVERY_STEPS`` step
 step, so the progress line moves. The decision must be the same on every rank: a Trainer log gathers the loss
 from all ranks (a collective), so a per-rank clock would make ranks log at different steps and the
 collectives mismatch.
+
+Checkpoints: after the Trainer wrote ``checkpoint-N`` (``on_save``, on every rank), each rank reports its files
+of it to Ray Train storage (raytrain.runtime.hf_checkpoints); ``Trainer.train`` is wrapped so that a restore
+point (a restart after a failure, or ``--resume``) reaches it as ``resume_from_checkpoint``.
 """
 from __future__ import annotations
 
@@ -21,9 +25,10 @@ from raytrain.runtime.reporter import Reporter
 LOG_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "epoch": "epoch"}
 
 
-def make_callback(reporter: Reporter, *, log_every: int) -> Any:
-    """A ``transformers.TrainerCallback`` feeding ``reporter`` (built here: transformers is imported only on
-    workers that run a Trainer script)."""
+def make_callback(reporter: Reporter, *, log_every: int, world_size: int = 1, checkpoints: bool = False) -> Any:
+    """A ``transformers.TrainerCallback`` feeding ``reporter`` and, with ``checkpoints`` (in a Ray Train worker),
+    reporting the Trainer's checkpoints (built here: transformers is imported only on workers that run a
+    Trainer script)."""
     from transformers import TrainerCallback
 
     class RaytrainCallback(TrainerCallback):
@@ -44,6 +49,17 @@ def make_callback(reporter: Reporter, *, log_every: int) -> Any:
                 return
             metrics = {mine: logs[theirs] for theirs, mine in LOG_KEYS.items() if theirs in logs}
             reporter.report({**metrics, "step": int(state.global_step)})
+
+        def on_save(self, args, state, control, **kwargs):
+            if not checkpoints:
+                return
+            from raytrain.runtime import hf_checkpoints
+
+            step = int(state.global_step)
+            last = reporter.last_metrics
+            metrics = dict(last) if last.get("step") == step else {"step": step}
+            folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+            hf_checkpoints.report(folder, rank=reporter.rank, world_size=world_size, step=step, metrics=metrics)
 
     return RaytrainCallback()
 
@@ -75,8 +91,40 @@ def cpu_process_group_for_accelerate() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def trainer_hooks(*, rank: int, train_batch: int, gpu: bool) -> Iterator[Reporter]:
-    """While active, every ``transformers.Trainer`` gets raytrain's callback; the memory sampler runs."""
+def resume_hook(restore_from: str | None, *, rank: int, world_size: int, zero: int) -> Iterator[None]:
+    """While active, ``Trainer.train`` continues from ``restore_from`` (raytrain's restore point: a restart
+    after a failure, or ``--resume``) whatever ``resume_from_checkpoint`` the script passes."""
+    if not restore_from:
+        yield
+        return
+    import transformers
+
+    from raytrain.runtime.hf_checkpoints import check_restore
+
+    step = check_restore(restore_from, world_size=world_size, zero=zero)
+    original = transformers.Trainer.train
+
+    @functools.wraps(original)
+    def train(self, resume_from_checkpoint=None, *args: Any, **kwargs: Any) -> Any:
+        if rank == 0:
+            print(f"raytrain: the Trainer resumes from step {step} ({restore_from})", flush=True)
+        return original(self, restore_from, *args, **kwargs)
+
+    transformers.Trainer.train = train
+    try:
+        yield
+    finally:
+        transformers.Trainer.train = original
+
+
+@contextlib.contextmanager
+def trainer_hooks(
+    *, rank: int, train_batch: int, gpu: bool, world_size: int = 1, zero: int = 0, restore_from: str | None = None,
+    checkpoints: bool = False,
+) -> Iterator[Reporter]:
+    """While active, every ``transformers.Trainer`` gets raytrain's callback (progress; with ``checkpoints``,
+    in a Ray Train worker, its checkpoints reported to storage) and continues from ``restore_from``; the
+    memory sampler runs."""
     import transformers
 
     reporter = Reporter(rank=rank, train_batch=train_batch)
@@ -89,11 +137,15 @@ def trainer_hooks(*, rank: int, train_batch: int, gpu: bool) -> Iterator[Reporte
     @functools.wraps(original)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.add_callback(make_callback(reporter, log_every=log_every))
+        self.add_callback(make_callback(
+            reporter, log_every=log_every, world_size=world_size, checkpoints=checkpoints
+        ))
 
     transformers.Trainer.__init__ = __init__
     try:
-        with cpu_process_group_for_accelerate() if not gpu else contextlib.nullcontext():
+        with cpu_process_group_for_accelerate() if not gpu else contextlib.nullcontext(), resume_hook(
+            restore_from, rank=rank, world_size=world_size, zero=zero
+        ):
             yield reporter
     finally:
         transformers.Trainer.__init__ = original

@@ -397,14 +397,18 @@ def launch_from_ray() -> Launch:
     )
 
 
-def run_on_worker(plan: Plan) -> None:
-    """Script mode's train_loop_per_worker body."""
+def run_on_worker(plan: Plan, restore_from: str | None = None) -> None:
+    """Script mode's train_loop_per_worker body. ``restore_from``: the checkpoint to continue from (a Hugging
+    Face Trainer script's; other scripts load their own)."""
     launch = launch_from_ray()
     extra = None
     if plan.hf_trainer:
         from raytrain.runtime.hf_trainer import trainer_hooks
 
-        extra = trainer_hooks(rank=launch.rank, train_batch=plan.train_batch, gpu=plan.scaling.use_gpu)
+        extra = trainer_hooks(
+            rank=launch.rank, train_batch=plan.train_batch, gpu=plan.scaling.use_gpu, world_size=launch.world_size,
+            zero=plan.zero, restore_from=restore_from, checkpoints=True,
+        )
     run_script(
         find_job_file(plan.job_module),
         list(plan.job_args),

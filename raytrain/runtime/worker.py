@@ -43,7 +43,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     timings.emit("imports", rank=rank)
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
-        return run_on_worker(plan)
+        return run_on_worker(plan, restore_point(config) if plan.hf_trainer else None)
     module = load_job(plan.job_module)
     ctx = make_context(plan, restore_from=restore_point(config), run_name=config.get("run", ""))
     try:

@@ -2,6 +2,9 @@
 run_clm.py) and an Accelerate script on 2 CPU workers of the real local Ray cluster, through `raytrain submit`.
 Lean: two Trainer jobs (ZeRO-3 without raytrain batch flags, ZeRO-2 with them) and one Accelerate job; the
 other combinations are unit tests of the resolved config (tests/unit/test_hf_trainer.py)."""
+import json
+from pathlib import Path
+
 import pytest
 
 from tests.e2e.test_scripts import SCRIPTS
@@ -15,8 +18,8 @@ TRAINER_ARGS = ["--output_dir", "out", "--max_steps", "10", "--report_to", "none
                 "--save_strategy", "no", "--disable_tqdm", "true"]
 
 
-def run_trainer(cli, *flags, script_args=()):
-    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", "2", *flags, "--", *TRAINER_ARGS, *script_args,
+def run_trainer(cli, *flags, script_args=(), trainer_args=TRAINER_ARGS):
+    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", "2", *flags, "--", *trainer_args, *script_args,
                timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -94,3 +97,27 @@ def test_lora_job_under_zero3_exports_a_hf_folder_with_the_engines_logits(cli, t
     probe = torch.load(probe_path)
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=probe["input"]).logits, probe["output"], rtol=0, atol=1e-5)
+
+
+def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_last(cli):
+    # ZeRO-3 with raytrain's checkpoint flags: the Trainer saves checkpoint-4/-8/-10 (--save_steps 4 and the
+    # end), each rank's files (its ZeRO shards) reach the run's storage with raytrain's markers; rank 1 dies
+    # after step 6 and Ray Train restarts the workers from the step-4 checkpoint (resume_from_checkpoint)
+    saving = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]  # --checkpoint-every says when
+    job, out, log = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--checkpoint-every", "4", "--keep", "2",
+                                "--max-failures", "1", script_args=["--fail_once_at_step", "6"], trainer_args=saving)
+    status = cli.json("jobs", "status", job)
+    assert status["state"] == "succeeded" and status["restarts"] == 1, status
+    facts = cli.facts(job)
+    # global_step continues from the checkpoint: steps 5-6 redone, not a restart from 0
+    assert [m["step"] for m in facts.metrics] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10], facts.metrics
+    assert facts.checkpoints == [4, 8, 10], facts.checkpoints
+    assert "rank 1: simulated crash after step 6" in log
+    assert "raytrain: the Trainer resumes from step 4" in log and "hf_trainer resumed at global_step 4" in log
+    assert "hf_trainer done: world 2, zero 3, micro 2, accum 1, clip 1, bf16 False, steps 10" in log, log
+    listed = json.loads(cli("jobs", "checkpoints", job, "--json", check=True).stdout)
+    assert [c["step"] for c in listed] == [8, 10] and all(c["complete"] for c in listed), listed  # --keep 2
+    files = {p.name for p in Path(listed[-1]["path"]).rglob("*")}
+    assert {"trainer_state.json", "latest", "rng_state_0.pth", "rng_state_1.pth"} <= files, files
+    assert any("zero_pp_rank_0_" in f for f in files) and any("zero_pp_rank_1_" in f for f in files), files
+    assert "loss" in status["last_metrics"] and f"loss {facts.losses[-1]:.4f}" in out  # the progress line

@@ -3,6 +3,7 @@ with raytrain's flags (contradictions refused before submitting), the DeepSpeed 
 the Trainer owns, the arguments the workers give the script's real HfArgumentParser, and the callback that
 turns the Trainer's logs into raytrain's metrics events (a real Trainer on CPU, one process)."""
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -193,3 +194,151 @@ def test_the_callback_reports_the_trainers_loss_as_metrics_events(tmp_path, caps
     assert [e["step"] for e in events] == [1, 2, 3, 4], events
     assert all(isinstance(e["loss"], float) and e["lr"] > 0 and e["samples_per_s"] > 0 for e in events)
     assert events[0]["lr"] > events[-1]["lr"]  # the Trainer's linear schedule
+
+
+# -- checkpoints: raytrain's flags against the Trainer's save arguments ---------------------------------------
+def test_checkpoint_flags_reach_the_trainer_as_its_save_arguments():
+    p = plan(checkpoint_every=4, keep=2)
+    assert (p.checkpoint_every, p.keep) == (4, 2)
+    assert {k: p.script_defaults[k] for k in ("--save_strategy", "--save_steps", "--save_total_limit")} == {
+        "--save_strategy": "steps", "--save_steps": "4", "--save_total_limit": "2"}
+    p = plan()  # nothing given: the Trainer's own saving stands, nothing added
+    assert p.checkpoint_every == 0 and p.keep is None
+    assert not {"--save_strategy", "--save_steps", "--save_total_limit"} & set(p.script_defaults)
+
+
+@pytest.mark.parametrize("args, kw, expected", [
+    (["--save_steps", "50", "--save_total_limit=3"], {}, (50, 3)),  # the script's own fill raytrain's plan
+    (["--save_steps", "4", "--save_strategy", "steps"], {"checkpoint_every": 4, "keep": 2}, (4, 2)),  # agree
+    (["--save_steps", "0.25"], {}, (0, None)),  # a fraction of the run: the Trainer's, no fixed interval
+    (["--save_strategy", "epoch", "--save_steps", "7"], {}, (0, None)),
+])
+def test_the_scripts_save_arguments_fill_the_plan(args, kw, expected):
+    p = plan(*args, **kw)
+    assert (p.checkpoint_every, p.keep) == expected
+
+
+@pytest.mark.parametrize("kw, args, message", [
+    ({"checkpoint_every": 4}, ["--save_steps", "5"], "--checkpoint-every 4 contradicts the script's --save_steps 5"),
+    ({"checkpoint_every": 4}, ["--save_strategy", "no"],
+     "--checkpoint-every 4 contradicts the script's --save_strategy no"),
+    ({"checkpoint_every": 4}, ["--save_strategy=epoch"],
+     "--checkpoint-every 4 contradicts the script's --save_strategy epoch"),
+    ({"keep": 2}, ["--save_total_limit", "3"], "--keep 2 contradicts the script's --save_total_limit 3"),
+    ({"resume": "run-1"}, ["--resume_from_checkpoint", "out/checkpoint-4"],
+     "--resume run-1 and the script's --resume_from_checkpoint out/checkpoint-4 both name the point"),
+    ({}, ["--save_steps", "x"], "--save_steps x .*expected a number"),
+])
+def test_checkpoint_contradictions_are_refused_naming_both(kw, args, message):
+    with pytest.raises(ConfigError, match=message):
+        plan(*args, **kw)
+
+
+def test_cli_refuses_a_checkpoint_contradiction_before_submitting(raytrain_home):
+    r = CliRunner().invoke(main, ["submit", str(HF), "--workers", "2", "--checkpoint-every", "4", "--dry-run", "--",
+                                  "--save_steps", "10"])
+    assert r.exit_code == 2, r.output
+    assert "--checkpoint-every 4 contradicts the script's --save_steps 10 (its TrainingArguments)" in r.stderr
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["submit", str(SCRIPTS / "ds_regression.py"), "--checkpoint-every", "4",
+                                  "--dry-run"])  # a script that is not a Trainer's still saves its own
+    assert r.exit_code == 2 and "this script (script mode) saves and loads its own checkpoints" in r.stderr
+
+
+# -- checkpoints: the worker side (no Ray: the files, the markers, the resume) --------------------------------
+@pytest.mark.parametrize("name, rank", [
+    ("global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt", 1),
+    ("global_step4/bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt", 3),
+    ("global_step4/zero_pp_rank_0_mp_rank_00_model_states.pt", 0),
+    ("global_step4/mp_rank_00_model_states.pt", 0),
+    ("rng_state_1.pth", 1), ("rng_state.pth", 0), ("trainer_state.json", 0), ("latest", 0),
+    ("model.safetensors", 0), ("scheduler.pt", 0), ("zero_to_fp32.py", 0),
+])
+def test_each_checkpoint_file_has_one_owner(name, rank):
+    from raytrain.runtime.hf_checkpoints import owner
+
+    assert owner(name) == rank
+
+
+def _trainer_checkpoint(folder, ranks=2, step=4):
+    """The files DeepSpeed and the Trainer write into checkpoint-N for ``ranks`` ranks (one shared folder)."""
+    (folder / f"global_step{step}").mkdir(parents=True)
+    (folder / "latest").write_text(f"global_step{step}")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    for r in range(ranks):
+        (folder / f"global_step{step}" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"x" * (r + 10))
+        (folder / f"rng_state_{r}.pth").write_bytes(b"r" * (r + 1))
+
+
+def test_each_rank_stages_its_own_files_and_together_they_make_a_complete_checkpoint(tmp_path):
+    import shutil
+
+    from raytrain.checkpoints.store import inspect, resolve_resume
+    from raytrain.runtime.hf_checkpoints import stage
+
+    src = tmp_path / "out" / "checkpoint-4"
+    _trainer_checkpoint(src)
+    staged = [stage(src, rank=r, world_size=2, step=4, metrics={"step": 4, "loss": 1.5}) for r in (0, 1)]
+    rank1 = sorted(str(p.relative_to(staged[1])) for p in Path(staged[1]).rglob("*") if p.is_file())
+    assert rank1 == ["global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt", "raytrain_rank1.json", "rng_state_1.pth"]
+    storage = tmp_path / "storage" / "run-1" / "checkpoint_2026-01-01_00-00-00.000000"
+    half = inspect(shutil.copytree(staged[0], storage))
+    assert not half.complete and half.reason == "rank 1 marker missing"  # rank 1's shard has not arrived
+    shutil.copytree(staged[1], storage, dirs_exist_ok=True)  # what Ray Train's storage does with both reports
+    info = inspect(storage)
+    assert info.complete and (info.step, info.world_size, info.metrics["loss"]) == (4, 2, 1.5), info
+    assert resolve_resume("run-1", str(tmp_path / "storage")).path == str(storage)
+    from raytrain.checkpoints.marker import read
+
+    assert read(storage, 0).tag == "global_step4"
+    assert (storage / "trainer_state.json").exists() and (storage / "rng_state_1.pth").exists()
+
+
+def test_a_zero_checkpoint_of_another_world_size_is_refused_with_what_works(tmp_path):
+    from raytrain.runtime.hf_checkpoints import check_restore, stage
+
+    src = tmp_path / "checkpoint-4"
+    _trainer_checkpoint(src, ranks=1)
+    restored = stage(src, rank=0, world_size=1, step=4, metrics={})
+    assert check_restore(restored, world_size=1, zero=2) == 4
+    assert check_restore(restored, world_size=2, zero=0) == 4  # stage 0: whole state on every rank
+    with pytest.raises(RuntimeError, match="saved by 1 workers; this run has 2.*resume with --workers 1"):
+        check_restore(restored, world_size=2, zero=2)
+
+
+def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, monkeypatch):
+    # a real Trainer (one CPU process) saves checkpoint-2; a new Trainer inside trainer_hooks(restore_from=...)
+    # whose script calls train() with no resume argument continues at step 3: global_step does not restart at 0
+    transformers = pytest.importorskip("transformers")
+    import importlib.util
+
+    from raytrain.runtime.hf_checkpoints import stage
+    from raytrain.runtime.hf_trainer import trainer_hooks
+
+    spec = importlib.util.spec_from_file_location("hf_trainer_script", HF)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+
+    def trainer(out, steps):
+        args = transformers.TrainingArguments(
+            output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, learning_rate=3e-3,
+            report_to="none", save_steps=2, use_cpu=True, disable_tqdm=True, seed=0,
+        )
+        transformers.set_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(transformers.GPT2Config(
+            n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+        return transformers.Trainer(model=model, args=args, train_dataset=script.CountingDataset(64, 16, 64))
+
+    trainer(tmp_path / "first", 2).train()
+    restored = stage(tmp_path / "first" / "checkpoint-2", rank=0, world_size=1, step=2, metrics={})
+    capsys.readouterr()
+    with trainer_hooks(rank=0, train_batch=4, gpu=False, restore_from=restored):
+        resumed = trainer(tmp_path / "second", 4)
+        resumed.train()
+    assert resumed.state.global_step == 4
+    assert not hasattr(transformers.Trainer.train, "__wrapped__")  # the hook is gone after the run
+    out = capsys.readouterr().out
+    events = [e for e in map(parse_line, out.splitlines()) if e and e["event"] == "metrics"]
+    assert [e["step"] for e in events] == [3, 4], events
+    assert f"raytrain: the Trainer resumes from step 2 ({restored})" in out

@@ -4,7 +4,8 @@
 
 HfArgumentParser over (ModelArguments, DataTrainingArguments, TrainingArguments), a causal LM built from a
 config (a tiny GPT-2: nothing is downloaded), a synthetic dataset of token ids (no tokenizer), and
-``Trainer(...).train()``. raytrain's tests run it unchanged in script mode. On rank 0 it prints what the
+``Trainer(...).train()``. raytrain's tests run it unchanged in script mode. ``--fail_once_at_step N`` (a test
+hook): rank 1 dies, a real process death, once step N is done, unless the Trainer continued from a checkpoint. On rank 0 it prints what the
 DeepSpeed engine the Trainer built was given, so a test can check raytrain's flags reached it.
 """
 import logging
@@ -19,6 +20,7 @@ from transformers import (
     GPT2Config,
     HfArgumentParser,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
     set_seed,
 )
@@ -37,6 +39,22 @@ class ModelArguments:
 class DataTrainingArguments:
     block_size: int = field(default=32, metadata={"help": "tokens per sample"})
     num_samples: int = field(default=512, metadata={"help": "synthetic training samples"})
+    fail_once_at_step: int = field(default=0, metadata={"help": "test hook: rank 1 dies once step N is done"})
+
+
+class FailOnce(TrainerCallback):
+    def __init__(self, step):
+        self.step, self.resumed = step, False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.resumed = state.global_step > 0
+        if self.resumed and args.process_index == 0:
+            print(f"hf_trainer resumed at global_step {state.global_step}", flush=True)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step and not self.resumed and args.process_index == 1:
+            print(f"rank 1: simulated crash after step {self.step}", flush=True)
+            os._exit(1)
 
 
 class CountingDataset(torch.utils.data.Dataset):
@@ -68,7 +86,8 @@ def main():
     model = AutoModelForCausalLM.from_config(config)
     train_dataset = CountingDataset(data_args.num_samples, data_args.block_size, model_args.vocab_size)
 
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset)
+    callbacks = [FailOnce(data_args.fail_once_at_step)] if data_args.fail_once_at_step else []
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, callbacks=callbacks)
     result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     rank, world = dist.get_rank(), dist.get_world_size()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
