@@ -96,3 +96,19 @@ def test_a_failure_shows_the_failing_ranks_last_lines(tmp_path):
     assert "last lines of rank 1 (all: raytrain jobs logs run-1 --rank 1):" in text
     assert "  ValueError: bad shard" in text and "line 29" in text and "line 10" not in text
     assert failing_rank_tail(info, None) == ""
+
+
+def test_without_tee_python_level_writes_are_copied(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rank_log.shutil, "which", lambda name: None)
+    saved = sys.stdout, sys.stderr
+    try:
+        path = rank_log.start(tmp_path, 0, "10.0.0.1")
+        print("a python line")
+        print("an error line", file=sys.stderr)
+    finally:
+        sys.stdout.copy.close()
+        sys.stdout, sys.stderr = saved
+    assert not rank_log._captured  # no fd was touched
+    text = path.read_text()
+    assert text.startswith("# raytrain rank 0 on ") and "a python line" in text and "an error line" in text
+    assert "a python line" in capsys.readouterr().out  # Ray still gets everything
