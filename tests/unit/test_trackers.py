@@ -196,8 +196,9 @@ def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path, monkeypa
         "t.report({'step': 1, 'loss': 2.0}); t.report({'step': 2, 'loss': 1.0}); t.flush()\n"
         "os._exit(1)\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}  # its own W&B service, as a worker has
     subprocess.run([sys.executable, "-c", worker, json.dumps(p.to_dict())], timeout=120,
-                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                   env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     state = json.loads((tmp_path / "run-1" / "raytrain" / "trackers.json").read_text())
     assert trackers.end_runs(p, tmp_path / "run-1" / "raytrain", "failed", run_name="run-1") == ["wandb"]
     # the same W&B run (its id), finished by the driver with exit code 1 (W&B's own log of finish())
