@@ -35,6 +35,8 @@ def record_rank(folder, rank, ip, lines, tmp=None):
         "os.write(2, b'fd 2 direct\\n')\n"
         "subprocess.run(['sh', '-c', 'echo child out; echo child err >&2'])\n"
         "print('a traceback line', file=sys.stderr, flush=True)\n"
+        "os.write(2, b'2026-12-03 13:08:13,328\\tINFO worker.py:1 -- Ray INFO chatter\\n')\n"
+        "os.write(2, b'Reporting training result 1: TrainingReport(...)\\n')\n"
         "os._exit(3)\n"
     )
     log = folder / "logs" / f"rank-{rank}.log"
@@ -78,6 +80,7 @@ def test_rank_logs_by_rank_and_node_without_a_cluster(tmp_path, monkeypatch):
     assert out.exit_code == 0, out.output
     assert "rank one says hi" in out.output and "after a restart" in out.output and "rank zero" not in out.output
     assert "a traceback line" in out.output and "@@raytrain" not in out.output
+    assert "Ray INFO chatter" not in out.output and "Reporting training result" not in out.output  # as on the terminal
     assert "@@raytrain" in runner.invoke(main, [*base, "--rank", "1", "-v"]).output
     by_node = runner.invoke(main, [*base, "--node", "10.0.0.1"]).output
     assert "rank zero says hi" in by_node and "rank one" not in by_node
@@ -95,6 +98,7 @@ def test_a_failure_shows_the_failing_ranks_last_lines(tmp_path):
     text = failing_rank_tail(info, str(tmp_path))
     assert "last lines of rank 1 (all: raytrain jobs logs run-1 --rank 1):" in text
     assert "  ValueError: bad shard" in text and "line 29" in text and "line 10" not in text
+    assert "Ray INFO chatter" not in text and "Reporting training result" not in text
     assert failing_rank_tail(info, None) == ""
 
 
