@@ -112,6 +112,8 @@ class MLflow:
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(plan.name)
             run = self.client.create_run(experiment_id, run_name=run_name, tags={"raytrain.run": run_name})
             state["run_id"] = run.info.run_id
+        else:  # a restart: a step the server took just before the worker died may be missing from the state
+            state["last_step"] = max(state.get("last_step", 0), self.last_logged_step(state["run_id"]))
         self.run_id = state["run_id"]
         if not state.get("params_logged"):
             from mlflow.entities import Param
@@ -121,6 +123,11 @@ class MLflow:
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
             state["params_logged"] = True
         self.client.update_run(self.run_id, status="RUNNING")
+
+    def last_logged_step(self, run_id: str) -> int:
+        """The highest step the run holds a value for (the tracking store's own record)."""
+        keys = self.client.get_run(run_id).data.metrics
+        return max((m.step for key in keys for m in self.client.get_metric_history(run_id, key)), default=0)
 
     def log(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric

@@ -204,3 +204,19 @@ def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path, monkeypa
     # the same W&B run (its id), finished by the driver with exit code 1 (W&B's own log of finish())
     logs = list((tmp_path / "run-1" / "wandb").rglob(f"*-{state['wandb']['id']}/logs/debug.log"))
     assert any("got exitcode: 1" in path.read_text() for path in logs), logs
+
+
+def test_a_step_mlflow_took_just_before_the_worker_died_is_not_logged_again(tmp_path):
+    p = plan(tmp_path, ["mlflow"])
+    run_attempt(p, range(1, 4)).flush()
+    (only,), client = mlflow_runs(p)
+    from mlflow.entities import Metric
+
+    # the worker died after the store took step 4 and before trackers.json said so
+    client.log_batch(only.info.run_id, metrics=[Metric("loss", 4.6, 0, 4)])
+    state_file = tmp_path / "run-1" / "raytrain" / "trackers.json"
+    assert json.loads(state_file.read_text())["mlflow"]["last_step"] == 3
+    t = run_attempt(p, range(3, 7))  # the restart redoes steps 3.. from its checkpoint
+    t.finish({"steps": 6})
+    steps = [m.step for m in client.get_metric_history(only.info.run_id, "loss")]
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps
