@@ -181,7 +181,9 @@ def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15) -> st
     path = run_record.rank_logs(folder).get(int(error["rank"])) if folder is not None else None
     if path is None:
         return ""
-    last = run_record.tail(path, lines)
+    from raytrain.cli.log_filter import LogFilter
+
+    last = run_record.tail(path, lines, keep=LogFilter(color=False))  # no Ray chatter among the last lines
     return (f"\nlast lines of rank {error['rank']} (all: raytrain jobs logs {info.job_id} --rank {error['rank']}):\n"
             + "\n".join(f"  {line}" for line in last)) if last else ""
 

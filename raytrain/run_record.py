@@ -124,9 +124,13 @@ def nodes_of(path: Path) -> set[str]:
     return found
 
 
-def tail(path: Path, lines: int = 15) -> list[str]:
-    """The last ``lines`` lines of a rank's log that are not raytrain's event lines."""
+def tail(path: Path, lines: int = 15, keep=None) -> list[str]:
+    """The last ``lines`` lines of a rank's log that are not raytrain's event lines; ``keep(line)``, when
+    given, returns the line to show or None (raytrain.cli.log_filter.LogFilter)."""
     from raytrain.events import MARKER
 
-    text = path.read_text(errors="replace").splitlines()
-    return [line for line in text if MARKER not in line and not line.startswith("# raytrain rank ")][-lines:]
+    text = [line for line in path.read_text(errors="replace").splitlines()
+            if MARKER not in line and not line.startswith("# raytrain rank ")]
+    if keep is not None:
+        text = [shown for shown in map(keep, text) if shown is not None]
+    return text[-lines:]

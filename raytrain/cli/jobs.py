@@ -187,9 +187,12 @@ def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | N
                           flag="--rank" if ranks else "--node")
     for rank, path in chosen.items():
         prefix = f"(rank {rank}) " if len(chosen) > 1 else ""
+        shown = LogFilter(color=False, verbose=verbose)  # the fds' copy has Ray's own lines too: as on the terminal
         for line in path.read_text(errors="replace").splitlines():
             if verbose or events.MARKER not in line:
-                click.echo(prefix + line)
+                line = shown(line)
+                if line is not None:
+                    click.echo(prefix + line)
 
 
 @jobs.command()

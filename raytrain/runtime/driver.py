@@ -197,6 +197,45 @@ def watch_placement(plan: Plan):
     return watch
 
 
+def end_trackers(plan: Plan, run_name: str, outcome: str) -> None:
+    """--track's runs end as the raytrain run did ("failed", "stopped"): never left running."""
+    if plan.track:
+        from raytrain import run_record
+        from raytrain.runtime import trackers
+
+        trackers.end_runs(plan, run_record.record_dir(plan.storage, run_name), outcome, run_name=run_name,
+                          log=lambda line: print(line, file=sys.stderr))
+
+
+def end_trackers_when_stopped(plan: Plan, run_name: str) -> None:
+    """`jobs stop` SIGTERMs this process and SIGKILLs it 3 s later (Ray's job supervisor): the handler ends
+    --track's runs as stopped within 2.5 s, then exits as Ray's own handler does. MLflow's client is made
+    ready ahead, in the background, so that a stop only has the call to make."""
+    import signal
+    import threading
+
+    from raytrain import run_record
+    from raytrain.runtime import trackers
+
+    if not set(plan.track) & set(trackers.ENDERS):
+        return
+    if "mlflow" in plan.track:
+        record_dir = run_record.record_dir(plan.storage, run_name)
+        threading.Thread(target=trackers.warm_up, args=(record_dir,), daemon=True, name="raytrain-mlflow").start()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_stop(signum, frame):
+        ender = threading.Thread(target=end_trackers, args=(plan, run_name, "stopped"), daemon=True)
+        ender.start()
+        ender.join(timeout=2.5)
+        if callable(previous):
+            previous(signum, frame)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_stop)
+
+
 def main() -> int:
     from raytrain import run_record, timings
 
@@ -293,6 +332,7 @@ def main() -> int:
     )
     timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included
     watch = watch_placement(plan)
+    end_trackers_when_stopped(plan, run_name)
     try:
         result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
@@ -302,6 +342,7 @@ def main() -> int:
             return EXIT_CANNOT_RUN
         traceback.print_exc()
         emit(events.ERROR, type=type(cause).__name__, rank=rank, message=_one_line(cause))
+        end_trackers(plan, run_name, "failed")
         return EXIT_TRAINING_FAILED
     finally:
         watch.stopped.set()

@@ -112,6 +112,8 @@ class MLflow:
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(plan.name)
             run = self.client.create_run(experiment_id, run_name=run_name, tags={"raytrain.run": run_name})
             state["run_id"] = run.info.run_id
+        else:  # a restart: a step the server took just before the worker died may be missing from the state
+            state["last_step"] = max(state.get("last_step", 0), self.last_logged_step(state["run_id"]))
         self.run_id = state["run_id"]
         if not state.get("params_logged"):
             from mlflow.entities import Param
@@ -121,6 +123,11 @@ class MLflow:
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
             state["params_logged"] = True
         self.client.update_run(self.run_id, status="RUNNING")
+
+    def last_logged_step(self, run_id: str) -> int:
+        """The highest step the run holds a value for (the tracking store's own record)."""
+        keys = self.client.get_run(run_id).data.metrics
+        return max((m.step for key in keys for m in self.client.get_metric_history(run_id, key)), default=0)
 
     def log(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -267,6 +274,73 @@ class Trackers:
             getattr(tracker, method)(*args)
         except Exception as exc:  # a tracker's failure never fails training
             self.log(f"raytrain: --track {tracker.name}: {method} failed ({type(exc).__name__}: {exc})")
+
+
+# How a run that did not succeed ends in each tracker: MLflow's run status, W&B's exit code.
+ENDINGS = {"failed": ("FAILED", 1), "stopped": ("KILLED", 143)}
+
+
+_mlflow_clients: dict[str, Any] = {}
+
+
+def mlflow_client(uri: str) -> Any:
+    """One MlflowClient per tracking URI in this process (the driver's, made ready by ``warm_up``)."""
+    from mlflow.tracking import MlflowClient
+
+    if uri not in _mlflow_clients:
+        _mlflow_clients[uri] = MlflowClient(tracking_uri=uri)
+    return _mlflow_clients[uri]
+
+
+def warm_up(record_dir: Path | None, *, every_s: float = 2.0, timeout_s: float | None = None) -> bool:
+    """The driver's MLflow client for rank 0's run, ready (imported, its store open, the run read) as soon as
+    rank 0 has started the run: `jobs stop` leaves the driver 3 s, too short to open a SQLite store on a
+    busy machine. True when ready; False after ``timeout_s``."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while record_dir is not None:
+        state = State(record_dir).data.get("mlflow", {})
+        if state.get("run_id"):
+            mlflow_client(state["uri"]).get_run(state["run_id"])
+            return True
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        time.sleep(every_s)
+    return False
+
+
+def end_mlflow(state: dict, outcome: str, **_: Any) -> None:
+    mlflow_client(state["uri"]).set_terminated(state["run_id"], status=ENDINGS[outcome][0])
+
+
+def end_wandb(state: dict, outcome: str, *, plan: Any, run_dir: Path, run_name: str) -> None:
+    import wandb
+
+    run = wandb.init(project=plan.name, name=run_name, id=state["id"], resume="allow", dir=str(run_dir / "wandb"),
+                     reinit="create_new")
+    run.finish(exit_code=ENDINGS[outcome][1])
+
+
+ENDERS = {"mlflow": (end_mlflow, "run_id"), "wandb": (end_wandb, "id")}
+
+
+def end_runs(plan: Any, record_dir: Path | None, outcome: str, *, run_name: str = "", log=print) -> list[str]:
+    """The driver, when the raytrain run is over without success (``outcome``: "failed" after the last
+    allowed restart, "stopped" by `jobs stop`): end each tracker run that rank 0 started as such (MLflow
+    FAILED or KILLED, W&B a non-zero exit code), instead of leaving it running. Restarts within the run never
+    come here: they append to the same tracker run. Returns the trackers ended."""
+    if record_dir is None or not plan.track:
+        return []
+    state, ended = State(record_dir), []
+    for name in plan.track:
+        end, key = ENDERS.get(name, (None, ""))
+        if end is None or not state.data.get(name, {}).get(key):
+            continue  # TensorBoard has no run status; a tracker rank 0 never started has nothing to end
+        try:
+            end(state.data[name], outcome, plan=plan, run_dir=record_dir.parent, run_name=run_name)
+            ended.append(name)
+        except Exception as exc:  # noqa: BLE001 - a tracker's failure never hides the run's own
+            log(f"raytrain: --track {name}: cannot mark the run {outcome} ({type(exc).__name__}: {exc})")
+    return ended
 
 
 def start(plan: Any, *, rank: int, run_name: str, log=print) -> Trackers | None:

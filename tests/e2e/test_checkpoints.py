@@ -33,27 +33,22 @@ def gpt_baseline(e2e_env, tmp_path_factory):
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """A real `mlflow server` on loopback, on a port free at run time; stopped after the test. Where only
-    mlflow-skinny is installed (raytrain's test extra: the full mlflow's server pins python-dateutil<3, which
-    the kubernetes client refuses), the tracking URI is the SQLite store such a server would use, which
-    the MLflow client then writes directly."""
-    import importlib.util
+    """A real `mlflow server` (the test extra's full mlflow) on loopback, on a port free at run time, with its
+    own SQLite store; stopped after the test."""
     import socket
     import subprocess
     import urllib.request
 
-    if importlib.util.find_spec("flask") is None or not (Path(sys.executable).parent / "mlflow").exists():
-        yield f"sqlite:///{tmp_path / 'mlflow.db'}"
-        return
-
+    mlflow = Path(sys.executable).parent / "mlflow"
+    assert mlflow.exists(), f"{mlflow}: the test extra's mlflow is not installed (scripts/install.sh)"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mlflow = Path(sys.executable).parent / "mlflow"
+    log = open(tmp_path / "mlflow-server.log", "wb")
     proc = subprocess.Popen(
         [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--default-artifact-root", str(tmp_path / "art")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     uri = f"http://127.0.0.1:{port}"
     try:
@@ -63,7 +58,8 @@ def mlflow_server(tmp_path):
                 urllib.request.urlopen(f"{uri}/health", timeout=2)
                 break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    "mlflow server did not start: " + (tmp_path / "mlflow-server.log").read_text()[-3000:])
                 time.sleep(1)
         yield uri
     finally:
@@ -76,6 +72,7 @@ def mlflow_server(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=15)
+        log.close()
 
 
 def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline, mlflow_server, tmp_path):

@@ -1,6 +1,11 @@
 """Per-rank logs kept in the run's storage (issue 17): `jobs logs ID --rank N | --node`, after the cluster is
 gone; a failure names the rank and shows its last lines."""
+import os
+import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -11,27 +16,63 @@ from raytrain.events import JobFacts, format_event
 from raytrain.runtime import rank_log
 from raytrain.status import JobInfo, JobState
 
-
-def record_rank(folder, rank, ip, lines):
-    saved = sys.stdout, sys.stderr
-    try:
-        rank_log.start(folder, rank, ip)
-        for line in lines:
-            print(line)
-        sys.stdout.write(format_event("metrics", step=1) + "\n")
-        print("a traceback line", file=sys.stderr)
-    finally:
-        sys.stdout.copy.close()
-        sys.stdout, sys.stderr = saved
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_rank_logs_by_rank_and_node_without_a_cluster(tmp_path, monkeypatch, capsys):
+def record_rank(folder, rank, ip, lines, tmp=None):
+    """A worker-like process (its fds 1 and 2 are files, as Ray's are) that starts the rank log and writes
+    through print, os.write on fd 1 and 2 and a child process; it ends with os._exit (nothing flushed at
+    exit). Returns what reached its original fds (Ray's log) once every line is in the rank's file."""
+    script = (
+        "import os, subprocess, sys\n"
+        "from pathlib import Path\n"
+        "from raytrain.runtime import rank_log\n"
+        "rank_log.start(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3])\n"
+        "for line in sys.argv[4:]:\n"
+        "    print(line)\n"
+        f"print({format_event('metrics', step=1)!r}, flush=True)\n"
+        "os.write(1, b'fd 1 direct\\n')\n"
+        "os.write(2, b'fd 2 direct\\n')\n"
+        "subprocess.run(['sh', '-c', 'echo child out; echo child err >&2'])\n"
+        "print('a traceback line', file=sys.stderr, flush=True)\n"
+        "os.write(2, b'2026-12-03 13:08:13,328\\tINFO worker.py:1 -- Ray INFO chatter\\n')\n"
+        "os.write(2, b'Reporting training result 1: TrainingReport(...)\\n')\n"
+        "os._exit(3)\n"
+    )
+    log = folder / "logs" / f"rank-{rank}.log"
+    marks = ("a traceback line", "child err", "child out", "fd 1 direct", "fd 2 direct")
+    before = {m: log.read_text().count(m) if log.exists() else 0 for m in marks}
+    out_dir = Path(tempfile.mkdtemp(dir=tmp))
+    with open(out_dir / "out", "wb") as out, open(out_dir / "err", "wb") as err:
+        proc = subprocess.run([sys.executable, "-c", script, str(folder), str(rank), ip, *lines],
+                              stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 3
+    deadline = time.monotonic() + 20  # the tee processes drain the pipes on their own
+    while not all(log.read_text().count(m) > before[m] for m in marks):
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    return (out_dir / "out").read_text(), (out_dir / "err").read_text()
+
+
+def test_rank_logs_capture_fd_1_and_2_of_the_process_and_its_children(tmp_path):
+    folder = tmp_path / "run-1" / "raytrain"
+    out, err = record_rank(folder, 0, "10.0.0.1", ["printed by python"], tmp_path)
+    text = (folder / "logs" / "rank-0.log").read_text()
+    assert text.startswith("# raytrain rank 0 on ") and "(10.0.0.1)" in text.splitlines()[0]
+    for line in ("printed by python", "fd 1 direct", "fd 2 direct", "child out", "child err", "a traceback line"):
+        assert line in text
+    # Ray's own log (the fds as they were) still gets everything, each stream on its own fd
+    assert "printed by python" in out and "fd 1 direct" in out and "child out" in out and "fd 2 direct" not in out
+    assert "fd 2 direct" in err and "child err" in err and "a traceback line" in err and "child out" not in err
+
+
+def test_rank_logs_by_rank_and_node_without_a_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYTRAIN_HOME", str(tmp_path / "home"))
     folder = tmp_path / "runs" / "run-1" / "raytrain"
-    record_rank(folder, 0, "10.0.0.1", ["rank zero says hi"])
-    record_rank(folder, 1, "10.0.0.2", ["rank one says hi"])
-    record_rank(folder, 1, "10.0.0.3", ["rank one again, after a restart"])
-    assert "rank zero says hi" in capsys.readouterr().out  # Ray still gets everything
+    out, _ = record_rank(folder, 0, "10.0.0.1", ["rank zero says hi"], tmp_path)
+    record_rank(folder, 1, "10.0.0.2", ["rank one says hi"], tmp_path)
+    record_rank(folder, 1, "10.0.0.3", ["rank one again, after a restart"], tmp_path)
+    assert "rank zero says hi" in out  # Ray still gets everything
     (folder / "events-driver.log").write_text("1.0 " + format_event("started") + "\n")
     runner = CliRunner()
     base = ["jobs", "logs", "run-1", "--storage", str(tmp_path / "runs")]
@@ -39,6 +80,7 @@ def test_rank_logs_by_rank_and_node_without_a_cluster(tmp_path, monkeypatch, cap
     assert out.exit_code == 0, out.output
     assert "rank one says hi" in out.output and "after a restart" in out.output and "rank zero" not in out.output
     assert "a traceback line" in out.output and "@@raytrain" not in out.output
+    assert "Ray INFO chatter" not in out.output and "Reporting training result" not in out.output  # as on the terminal
     assert "@@raytrain" in runner.invoke(main, [*base, "--rank", "1", "-v"]).output
     by_node = runner.invoke(main, [*base, "--node", "10.0.0.1"]).output
     assert "rank zero says hi" in by_node and "rank one" not in by_node
@@ -50,10 +92,27 @@ def test_rank_logs_by_rank_and_node_without_a_cluster(tmp_path, monkeypatch, cap
 
 def test_a_failure_shows_the_failing_ranks_last_lines(tmp_path):
     folder = tmp_path / "run-1" / "raytrain"
-    record_rank(folder, 1, "10.0.0.2", [f"line {i}" for i in range(30)] + ["ValueError: bad shard"])
+    record_rank(folder, 1, "10.0.0.2", [f"line {i}" for i in range(30)] + ["ValueError: bad shard"], tmp_path)
     facts = JobFacts(error={"event": "error", "rank": 1, "type": "ValueError", "message": "bad shard"})
     info = JobInfo(job_id="run-1", name="x", state=JobState.FAILED, target="local", address="", facts=facts)
     text = failing_rank_tail(info, str(tmp_path))
     assert "last lines of rank 1 (all: raytrain jobs logs run-1 --rank 1):" in text
     assert "  ValueError: bad shard" in text and "line 29" in text and "line 10" not in text
+    assert "Ray INFO chatter" not in text and "Reporting training result" not in text
     assert failing_rank_tail(info, None) == ""
+
+
+def test_without_tee_python_level_writes_are_copied(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rank_log.shutil, "which", lambda name: None)
+    saved = sys.stdout, sys.stderr
+    try:
+        path = rank_log.start(tmp_path, 0, "10.0.0.1")
+        print("a python line")
+        print("an error line", file=sys.stderr)
+    finally:
+        sys.stdout.copy.close()
+        sys.stdout, sys.stderr = saved
+    assert not rank_log._captured  # no fd was touched
+    text = path.read_text()
+    assert text.startswith("# raytrain rank 0 on ") and "a python line" in text and "an error line" in text
+    assert "a python line" in capsys.readouterr().out  # Ray still gets everything

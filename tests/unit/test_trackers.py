@@ -1,6 +1,8 @@
 """--track (issue 17): rank 0's trackers through their real libraries, one tracker run per raytrain run; a
 restart (a new Trackers on the same run record) appends at the right step and never logs a step twice."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +117,106 @@ def test_flush_waits_until_every_queued_step_is_logged(tmp_path):
     state = json.loads((tmp_path / "run-1" / "raytrain" / "trackers.json").read_text())
     assert state["tensorboard"]["last_step"] == 29
     t.finish({})
+
+
+def mlflow_runs(p, run="run-1"):
+    from mlflow.tracking import MlflowClient
+
+    state = json.loads((Path(p.storage) / run / "raytrain" / "trackers.json").read_text())
+    client = MlflowClient(tracking_uri=state["mlflow"]["uri"])
+    runs = client.search_runs([client.get_experiment_by_name("gpt").experiment_id])
+    return [r for r in runs if r.info.run_name == run], client
+
+
+def test_a_failed_run_ends_its_mlflow_run_failed_and_a_resume_appends_to_it(tmp_path):
+    p = plan(tmp_path, ["tensorboard", "mlflow"])
+    record = tmp_path / "run-1" / "raytrain"
+    run_attempt(p, range(1, 4)).flush()  # killed, restarted by Ray Train from step 2: still running
+    (only,), _ = mlflow_runs(p)
+    assert only.info.status == "RUNNING"
+    run_attempt(p, range(3, 6)).flush()  # killed again, no restart left: the driver ends the run
+    assert trackers.end_runs(p, record, "failed", run_name="run-1") == ["mlflow"]  # TensorBoard has no status
+    (only,), client = mlflow_runs(p)
+    assert only.info.status == "FAILED"
+    t = run_attempt(p, range(6, 8))  # --resume of the failed run: the same tracker run, running again
+    t.flush()
+    assert mlflow_runs(p)[0][0].info.status == "RUNNING"
+    t.finish({"steps": 7})
+    (only,), client = mlflow_runs(p)
+    assert only.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(only.info.run_id, "loss")) == list(range(1, 8))
+
+    run_attempt(p, [1, 2], run="run-2").flush()  # `jobs stop`: KILLED
+    assert trackers.end_runs(p, tmp_path / "run-2" / "raytrain", "stopped", run_name="run-2") == ["mlflow"]
+    assert mlflow_runs(p, "run-2")[0][0].info.status == "KILLED"
+    assert trackers.end_runs(p, tmp_path / "run-3" / "raytrain", "failed") == []  # rank 0 never started
+
+
+def test_a_stopped_driver_ends_the_mlflow_run_killed_then_exits_on_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    p = plan(tmp_path, ["mlflow"])
+    run_attempt(p, [1, 2]).flush()
+    script = (
+        "import json, sys, time\n"
+        "from raytrain.config.plan import Plan\n"
+        "from pathlib import Path\n"
+        "from raytrain.runtime import driver, trackers\n"
+        "driver.end_trackers_when_stopped(Plan.from_dict(json.loads(sys.argv[1])), 'run-1')\n"
+        "assert trackers.warm_up(Path(sys.argv[2]), timeout_s=120)\n"  # as the driver's thread does: a stop comes later
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(p.to_dict()), str(tmp_path / "run-1" / "raytrain")], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        assert proc.stdout.readline().strip() == "ready"  # (the test's wait; the driver's is a thread)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        proc.kill()
+    assert mlflow_runs(p)[0][0].info.status == "KILLED"
+
+
+def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import subprocess
+    import sys
+
+    p = plan(tmp_path, ["wandb"])
+    worker = (  # rank 0's process: logs two steps and dies (its W&B run never finished)
+        "import json, os, sys\n"
+        "from raytrain.config.plan import Plan\n"
+        "from raytrain.runtime import trackers\n"
+        "t = trackers.start(Plan.from_dict(json.loads(sys.argv[1])), rank=0, run_name='run-1')\n"
+        "t.report({'step': 1, 'loss': 2.0}); t.report({'step': 2, 'loss': 1.0}); t.flush()\n"
+        "os._exit(1)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}  # its own W&B service, as a worker has
+    subprocess.run([sys.executable, "-c", worker, json.dumps(p.to_dict())], timeout=120,
+                   env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    state = json.loads((tmp_path / "run-1" / "raytrain" / "trackers.json").read_text())
+    assert trackers.end_runs(p, tmp_path / "run-1" / "raytrain", "failed", run_name="run-1") == ["wandb"]
+    # the same W&B run (its id), finished by the driver with exit code 1 (W&B's own log of finish())
+    logs = list((tmp_path / "run-1" / "wandb").rglob(f"*-{state['wandb']['id']}/logs/debug.log"))
+    assert any("got exitcode: 1" in path.read_text() for path in logs), logs
+
+
+def test_a_step_mlflow_took_just_before_the_worker_died_is_not_logged_again(tmp_path):
+    p = plan(tmp_path, ["mlflow"])
+    run_attempt(p, range(1, 4)).flush()
+    (only,), client = mlflow_runs(p)
+    from mlflow.entities import Metric
+
+    # the worker died after the store took step 4 and before trackers.json said so
+    client.log_batch(only.info.run_id, metrics=[Metric("loss", 4.6, 0, 4)])
+    state_file = tmp_path / "run-1" / "raytrain" / "trackers.json"
+    assert json.loads(state_file.read_text())["mlflow"]["last_step"] == 3
+    t = run_attempt(p, range(3, 7))  # the restart redoes steps 3.. from its checkpoint
+    t.finish({"steps": 6})
+    steps = [m.step for m in client.get_metric_history(only.info.run_id, "loss")]
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps
