@@ -190,9 +190,11 @@ def init_single_rank(device: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # A world of one rank meets only itself, on loopback: an inherited MASTER_ADDR/MASTER_PORT (a shell inside
+    # another job, a launcher's leftovers) would make it wait for a rendezvous that never comes.
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"),
                        ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(key, value)
+        os.environ[key] = value
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
 
 

@@ -14,3 +14,21 @@ def raytrain_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("RAYTRAIN_HOME", str(home))
     monkeypatch.delenv("RAYTRAIN_ADDRESS", raising=False)
     return home
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test leaves os.environ as it found it: code under test that sets the launcher's variables
+    (MASTER_ADDR, RANK, ...) in-process would otherwise leak them into later tests (a leaked
+    MASTER_ADDR=10.0.0.1 once made gpu_mfu's single-rank smoke test wait for a rendezvous until its timeout)."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        # W&B's in-process service (a singleton that outlives the test) keeps its address in WANDB_SERVICE:
+        # its variables stay as W&B left them, or the next W&B run in this process loses its service
+        kept = {k: v for k, v in os.environ.items() if k.startswith("WANDB_") and k not in saved}
+        os.environ.clear()
+        os.environ.update(saved)
+        os.environ.update(kept)

@@ -49,7 +49,8 @@ def test_process_group_backend_is_rays_choice():
 
 
 def test_worker_side_helpers(monkeypatch):
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "unset")  # recorded by monkeypatch: both are put back after the test
+    monkeypatch.setenv("MASTER_PORT", "unset")
     torch_backend.set_master("10.0.0.1", 29500)
     assert os.environ["MASTER_ADDR"] == "10.0.0.1" and os.environ["MASTER_PORT"] == "29500"
     monkeypatch.setattr(torch_backend, "RAY_TORCH", "os.path")  # the by-name call, without torch
