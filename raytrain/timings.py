@@ -38,17 +38,27 @@ ORDER = {name: i for i, (name, _, _) in enumerate(PHASES)}
 MEANING = {name: meaning for name, _, meaning in PHASES}
 
 
-def process_start_time(pid: int | str = "self") -> float | None:
-    """Wall-clock start of a process (Linux /proc), or None where that cannot be read."""
+def process_started_since_boot(pid: int | str = "self") -> float | None:
+    """Seconds from boot to a process's start (Linux /proc), or None where that cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        return int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """Wall-clock start of a process (Linux /proc), or None where that cannot be read."""
+    since_boot = process_started_since_boot(pid)
+    if since_boot is None:
+        return None
+    try:
         with open("/proc/stat") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+    return btime + since_boot
 
 
 # The client's marks in this process (the CLI marks "command"; api marks the rest).

@@ -78,12 +78,9 @@ def started_at(pid: int) -> float | None:
     wall-clock start time computed later can differ from the recorded one by many seconds, and the running
     cluster would then be taken for another process and forgotten (`cluster status`: none running; the next
     `cluster up`: "port in use")."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    from raytrain.timings import process_started_since_boot
+
+    return process_started_since_boot(pid)
 
 
 _WALL_CLOCK = 1e9  # a recorded start above this is a wall-clock time (records written before 0.1.0's fix)
