@@ -129,8 +129,12 @@ QUIET_ENV = {
     "RAY_event_stats": "0",  # per-event-loop statistics in every Ray process
     "METRICS_RECORD_INTERVAL_S": "60",  # the dashboard's own metrics (default 5 s)
     "REPORTER_UPDATE_INTERVAL_MS": "10000",  # per-node CPU/memory for `cluster status` (default 5 s)
-    # the log monitor globs the log folder for new files every 0.5 s; a new worker's log is read from its
-    # start once found, so nothing is lost, it only reaches the job's log up to 2 s later
+    # the log monitor globs the log folder for new files on every 0.1 s poll while it tracks fewer than
+    # RAY_LOG_MONITOR_MANY_FILES_THRESHOLD (1000) files, and every LOG_NAME_UPDATE_INTERVAL_S above: with the
+    # threshold at 0 it looks for new files every 2 s (a quarter of the idle head's CPU). Lines of files it
+    # already follows are still read every 0.1 s; a new worker's log is read from its start once found, so
+    # nothing is lost, its first lines only reach the job's log up to 2 s later
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
     "LOG_NAME_UPDATE_INTERVAL_S": "2",
     # the dashboard agent: its parent check (0.4 s), event-loop lag probe (0.25 s), event reports (0.1 s), the
     # event folder scan (2 s), the aggregator's main-thread probe (0.1 s)

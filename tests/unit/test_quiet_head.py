@@ -30,3 +30,25 @@ def test_environment_wins_over_the_quiet_settings(monkeypatch, tmp_path):
     ray_process.spawn(["start"], token_path=tmp_path / "t", log_path=tmp_path / "log")
     assert seen["LOG_NAME_UPDATE_INTERVAL_S"] == "0.5"
     assert seen["RAY_memory_monitor_refresh_ms"] == ray_process.QUIET_ENV["RAY_memory_monitor_refresh_ms"]
+
+
+def test_the_log_monitor_globs_for_new_files_at_the_quiet_period(monkeypatch):
+    """Ray's log monitor honours LOG_NAME_UPDATE_INTERVAL_S only above RAY_LOG_MONITOR_MANY_FILES_THRESHOLD
+    files; below it globs on every 0.1 s poll. Checked against the installed Ray: with the quiet settings a
+    monitor following a few files looks for new ones only once the interval has passed."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    probe = (
+        "import sys, time, types\n"
+        "from ray._private import log_monitor as lm\n"
+        "me = types.SimpleNamespace(log_filenames={'a.log', 'b.log'})\n"
+        "now = time.time()\n"
+        "print(lm.LogMonitor.should_update_filenames(me, now), lm.LogMonitor.should_update_filenames(me, now - 3))\n"
+    )
+    for env, expected in ((ray_process.quiet_env(), "False True"), ({}, "True True")):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, **env}, check=True).stdout.split()
+        assert " ".join(out) == expected, (env.get("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"), out)
