@@ -50,6 +50,8 @@ if ! .venv/bin/python -m pip install -q "${torch_args[@]}"; then
   echo "raytrain install: the CPU build failed to install from $CPU_INDEX; falling back to torch==$TORCH_VERSION" >&2
   .venv/bin/python -m pip install -q "torch==$TORCH_VERSION"
 fi
-.venv/bin/python -m pip install -q -e '.[test]'
+# setuptools warns on every editable install of a flat layout that a folder named like the package in the
+# working directory may shadow it: here that folder is the package itself
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e '.[test]'
 build=$(.venv/bin/python -c 'import torch; print(torch.__version__, "(CUDA build, CUDA " + torch.version.cuda + ")" if torch.version.cuda else "(CPU build)")' 2>/dev/null)
 echo "raytrain installed in .venv: $(.venv/bin/raytrain --version); torch $build"
