@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raytrain import paths
-from raytrain.checkpoints import marker as markers
+from raytrain.checkpoints import hf_content
 from raytrain.checkpoints import store
 from raytrain.cli.common import complete_job_id, handle_errors, print_json
 from raytrain.errors import ConfigError, RaytrainError
@@ -92,17 +92,12 @@ def check_hf_options(fmt: str, dtype: str | None, merge_adapter: bool, max_shard
 
 
 def check_hf_checkpoint(path: str, merge_adapter: bool) -> None:
-    """The checkpoint holds a Hugging Face model's description (and an adapter, for --merge-adapter)."""
-    described = Path(path) / markers.HF_FILE
-    if not described.is_file():
-        raise ConfigError(
-            f"--format hf: the checkpoint {path} holds no Hugging Face model (the job's ctx.deepspeed() got a "
-            "model that is not a transformers PreTrainedModel or a PEFT model around one); use --format pt",
-            flag="--format",
-        )
-    if merge_adapter and not json.loads(described.read_text()).get("adapter"):
-        raise ConfigError(f"--merge-adapter: the run at {path} trained no PEFT adapter; leave it out",
-                          flag="--merge-adapter")
+    """The checkpoint holds a Hugging Face model (a train(ctx) run's description, or a Trainer checkpoint's
+    config and weights or adapter), and an adapter for --merge-adapter."""
+    refusal = hf_content.hf_refusal(path, merge_adapter)
+    if refusal is not None:
+        message, flag = refusal
+        raise ConfigError(message, flag=flag)
 
 
 def export_args(fmt: str, dtype: str | None, merge_adapter: bool, max_shard_size: str | None) -> tuple[str, ...]:
@@ -119,7 +114,8 @@ def _describe_export(result: dict, out: str, ckpt_path: str) -> str:
     where = f"(step {result['step']} of {ckpt_path})"
     if result.get("format") != "hf":
         return f"wrote {out}: {result['parameters']:,} parameters in {result['tensors']} tensors {where}"
-    adapter = {"merged": ", adapter merged", "folder": ", adapter + base/"}.get(result.get("adapter"), "")
+    adapter = {"merged": ", adapter merged", "folder": ", adapter + base/", "adapter": ", the adapter only"}.get(
+        result.get("adapter"), "")
     return (f"wrote {out}: {result['architecture']}, {result['parameters']:,} parameters, {result['dtype']}"
             f"{adapter}, {len(result['files'])} files {where}")
 

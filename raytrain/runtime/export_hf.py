@@ -1,5 +1,6 @@
 """``raytrain export RUN --format hf --out DIR``: a Hugging Face model folder from a checkpoint of a run whose
-``train(ctx)`` gave ``ctx.deepspeed`` a transformers model (or a PEFT model around one).
+``train(ctx)`` gave ``ctx.deepspeed`` a transformers model (or a PEFT model around one), or of a Hugging Face
+Trainer script's run (raytrain.runtime.export_trainer).
 
 The checkpoint's ZeRO shards are consolidated as for the ``.pt`` export; the model is rebuilt from the
 config, class and adapter config rank 0 saved beside its shard (``raytrain_hf.json``), loaded with that
@@ -19,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from raytrain.checkpoints import hf_content
 from raytrain.checkpoints import marker as markers
 from raytrain.runtime.consolidate import consolidated_state
 
@@ -68,7 +70,7 @@ def _tied_keys(model: Any) -> set[str]:
     return tied
 
 
-def _save(model: Any, folder: Path, *, dtype: str, max_shard_size: str) -> None:
+def save(model: Any, folder: Path, *, dtype: str, max_shard_size: str) -> None:
     import torch
 
     if dtype == "bf16":
@@ -80,10 +82,10 @@ def write_folder(model: Any, described: dict, tmp: Path, final: Path, *, dtype: 
                  max_shard_size: str) -> str:
     """Write the model into ``tmp`` (renamed to ``final`` afterwards); returns what the adapter became."""
     if not described.get("adapter"):
-        _save(model, tmp, dtype=dtype, max_shard_size=max_shard_size)
+        save(model, tmp, dtype=dtype, max_shard_size=max_shard_size)
         return "none"
     if merge_adapter:
-        _save(model.merge_and_unload(), tmp, dtype=dtype, max_shard_size=max_shard_size)
+        save(model.merge_and_unload(), tmp, dtype=dtype, max_shard_size=max_shard_size)
         return "merged"
     model.peft_config[model.active_adapter].base_model_name_or_path = str(final / BASE_FOLDER)
     if dtype == "bf16":
@@ -91,7 +93,7 @@ def write_folder(model: Any, described: dict, tmp: Path, final: Path, *, dtype: 
 
         model = model.to(torch.bfloat16)
     model.save_pretrained(str(tmp), safe_serialization=True)
-    _save(model.unload(), tmp / BASE_FOLDER, dtype=dtype, max_shard_size=max_shard_size)
+    save(model.unload(), tmp / BASE_FOLDER, dtype=dtype, max_shard_size=max_shard_size)
     return "folder"
 
 
@@ -110,28 +112,39 @@ def export_hf(checkpoint_dir: str, out: str, *, dtype: str = "fp32", merge_adapt
               max_shard_size: str = "2GB") -> dict:
     d = Path(checkpoint_dir)
     marker = markers.read(d)
-    described = read_hf_model(d)
-    model = build_model(described)
-    load_state(model, consolidated_state(d, marker.tag))
-    model.eval()
-    parameters = int(sum(p.numel() for p in model.parameters()))
     final = Path(out).resolve()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
-        adapter = write_folder(model, described, tmp, final, dtype=dtype, merge_adapter=merge_adapter,
-                               max_shard_size=max_shard_size)
+        if hf_content.is_trainer_checkpoint(d):
+            from raytrain.runtime.export_trainer import write_trainer_folder
+
+            fields = write_trainer_folder(d, tmp, tag=marker.tag, dtype=dtype, merge_adapter=merge_adapter,
+                                          max_shard_size=max_shard_size)
+        else:
+            fields = _write_ctx_folder(d, marker.tag, tmp, final, dtype=dtype, merge_adapter=merge_adapter,
+                                       max_shard_size=max_shard_size)
         os.chmod(tmp, 0o777 & ~_umask())
         replace_folder(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     files = sorted(str(p.relative_to(final)) for p in final.rglob("*") if p.is_file())
-    return {
-        "checkpoint": str(d), "step": marker.step, "out": out, "format": "hf", "dtype": dtype, "adapter": adapter,
-        "architecture": described["architecture"], "files": files,
-        "parameters": parameters,
-    }
+    return {"checkpoint": str(d), "step": marker.step, "out": out, "format": "hf", "dtype": dtype, **fields,
+            "files": files}
+
+
+def _write_ctx_folder(d: Path, tag: str | None, tmp: Path, final: Path, *, dtype: str, merge_adapter: bool,
+                      max_shard_size: str) -> dict:
+    """A train(ctx) run's checkpoint (raytrain_hf.json + DeepSpeed's state) into ``tmp``."""
+    described = read_hf_model(d)
+    model = build_model(described)
+    load_state(model, consolidated_state(d, tag))
+    model.eval()
+    parameters = int(sum(p.numel() for p in model.parameters()))
+    adapter = write_folder(model, described, tmp, final, dtype=dtype, merge_adapter=merge_adapter,
+                           max_shard_size=max_shard_size)
+    return {"adapter": adapter, "architecture": described["architecture"], "parameters": parameters}
 
 
 def _umask() -> int:
