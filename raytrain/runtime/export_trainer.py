@@ -20,18 +20,17 @@ from typing import Any
 
 from raytrain.checkpoints import hf_content
 from raytrain.runtime.consolidate import consolidated_state
+from raytrain.runtime.hf_rebuild import build_model, load_state, save
 
 
 def describe(d: Path) -> dict:
-    """The model as ``export_hf.build_model`` takes it, from the checkpoint's ``config.json``."""
+    """The model as ``hf_rebuild.build_model`` takes it, from the checkpoint's ``config.json``."""
     config = json.loads((d / hf_content.CONFIG).read_text())
     architecture = (config.get("architectures") or ["AutoModelForCausalLM"])[0]
     return {"architecture": architecture, "config": config, "adapter": None}
 
 
 def model_of(d: Path, tag: str | None) -> tuple[Any, dict]:
-    from raytrain.runtime.export_hf import build_model, load_state
-
     described = describe(d)
     model = build_model(described)
     load_state(model, consolidated_state(d, tag))
@@ -40,8 +39,6 @@ def model_of(d: Path, tag: str | None) -> tuple[Any, dict]:
 
 def write_model(d: Path, tmp: Path, *, tag: str | None, dtype: str, max_shard_size: str) -> tuple[Any, str]:
     """The plain model into ``tmp``; returns (the model, its architecture)."""
-    from raytrain.runtime.export_hf import save
-
     model, described = model_of(d, tag)
     model.eval()
     save(model, tmp, dtype=dtype, max_shard_size=max_shard_size)
@@ -69,8 +66,6 @@ def write_merged(d: Path, tmp: Path, *, dtype: str, max_shard_size: str) -> tupl
     """The adapter merged into its base model (a local folder, hf_content.local_base) into ``tmp``."""
     import peft
     import transformers
-
-    from raytrain.runtime.export_hf import save
 
     base_dir = hf_content.local_base(hf_content.adapter_config(d))
     base = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir))
