@@ -48,7 +48,7 @@ def save(
 ) -> str:
     """Write this rank's part of a checkpoint into a fresh local directory and return it. ``hf_model``: a
     Hugging Face model's config, class and adapter config, which rank 0 writes beside its shard (for
-    ``raytrain export --format hf``).
+    ``raytrain export --format hf``); a PEFT model's adapter goes beside it as PEFT's own files.
 
     The marker goes last and lists every file with its size, so readers can tell a complete checkpoint.
     """
@@ -60,6 +60,10 @@ def save(
     torch.save({"rng": _rng_state(), "user_state": user_state, "step": step}, directory / STATE_FILE.format(rank=rank))
     if hf_model is not None and rank == 0:
         (directory / markers.HF_FILE).write_text(json.dumps(hf_model, indent=1, sort_keys=True))
+    if hf_model is not None and hf_model.get("adapter"):  # every rank: under ZeRO-3 a gather
+        from raytrain.runtime.hf_model import save_adapter
+
+        save_adapter(engine.module, directory, rank=rank)
     markers.write(directory, Marker(
         rank=rank, world_size=world_size, step=step, tag=tag, time=time.time(), metrics=metrics,
         files=markers.files_in(directory),

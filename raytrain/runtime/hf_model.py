@@ -1,5 +1,6 @@
 """Hugging Face models in ``train(ctx)`` jobs (worker side): what a checkpoint records about one (its config,
-class and PEFT adapter config, so ``raytrain export --format hf`` can rebuild it), and ``ctx.zero_init()``.
+class and PEFT adapter config, so ``raytrain export --format hf`` can rebuild it; a PEFT model's adapter as
+PEFT's own files), and ``ctx.zero_init()``.
 
 transformers and peft are looked up only when the job already imported them (``sys.modules``): a job that
 uses neither pays nothing."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 from typing import Any, Iterator
 
 _HF_CONFIGS: list[Any] = []  # HfDeepSpeedConfig objects zero_init made (transformers only keeps a weakref)
@@ -55,6 +57,37 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(getattr(value, "value", value))
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def save_adapter(model: Any, directory: str | Path, *, rank: int) -> bool:
+    """A PEFT model's active adapter as PEFT's own files in ``directory`` (rank 0): ``adapter_config.json`` +
+    ``adapter_model.safetensors``, which ``PeftModel.from_pretrained(base, directory)`` loads. Under ZeRO-3 the
+    trainable parameters (the adapter: small) are gathered first, a collective: every rank calls this.
+    Returns whether ``model`` has an adapter."""
+    peft_model = _peft_model(model)
+    if peft_model is None:
+        return False
+    trainable = [(name, p) for name, p in peft_model.named_parameters() if p.requires_grad]
+    gathered: Any = contextlib.nullcontext()
+    if any(hasattr(p, "ds_id") for _, p in trainable):  # ZeRO-3 partitioned
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters([p for _, p in trainable], modifier_rank=None)
+    with gathered:
+        state = {name: p.detach().float().cpu().clone() for name, p in trainable} if rank == 0 else {}
+    if rank == 0:
+        import peft
+        from safetensors.torch import save_file
+
+        name = peft_model.active_adapter
+        weights = peft.get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=name)
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(directory) / ADAPTER_WEIGHTS),
+                  metadata={"format": "pt"})
+        peft_model.peft_config[name].save_pretrained(str(directory))
+    return True
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """Hugging Face scripts end to end: an unmodified Trainer script (tests/e2e/scripts/hf_trainer.py, the shape of
 run_clm.py) and an Accelerate script on 2 CPU workers of the real local Ray cluster, through `raytrain submit`.
-Lean: two Trainer jobs (ZeRO-3 without raytrain batch flags, ZeRO-2 with them) and one Accelerate job; the
-other combinations are unit tests of the resolved config (tests/unit/test_hf_trainer.py)."""
+Lean: Trainer jobs for ZeRO-2 and ZeRO-3, each with and without raytrain's batch flags (the ZeRO-2 one without
+them also exports its checkpoint; the ZeRO-3 one with them is the restart test, whose last checkpoint is
+exported too), and one Accelerate job; the rest is unit tests (tests/unit/test_hf_trainer*.py)."""
 import json
 from pathlib import Path
 
@@ -54,6 +55,36 @@ def test_trainer_script_zero2_with_raytrain_batch_flags(cli):
     assert_trainer_reported(cli, job, out)
 
 
+def assert_export_gives_the_trained_logits(cli, job, probe_path, out, *flags):
+    """`raytrain export JOB --format hf` of the run's last checkpoint: a folder from_pretrained loads, giving the
+    trained model's logits on the script's probe input (fp32 throughout: atol 1e-5)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    result = json.loads(cli("export", job, "--format", "hf", "--out", out, "--json", *flags, check=True,
+                            timeout=600).stdout)
+    assert result["adapter"] == "none" and result["architecture"] == "GPT2LMHeadModel", result
+    assert "config.json" in result["files"] and "trainer_state.json" not in result["files"], result
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    probe = torch.load(probe_path)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=probe["input"]).logits, probe["output"], rtol=0, atol=1e-5)
+    return result
+
+
+def test_trainer_script_zero2_without_raytrain_batch_flags_exports_a_hf_folder(cli, tmp_path):
+    # ZeRO-2, the script's own batch size; the Trainer saves checkpoint-10 (model.safetensors and DeepSpeed's
+    # ZeRO-2 state), exported from the fp32 master weights, sharded
+    saving = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]
+    probe = tmp_path / "probe.pt"
+    job, out, log = run_trainer(cli, "--zero", "2", "--checkpoint-every", "10", trainer_args=saving,
+                                script_args=["--per_device_train_batch_size", "4", "--probe_out", probe])
+    assert "hf_trainer done: world 2, zero 2, micro 4, accum 1, clip 1, bf16 False, steps 10" in log, log
+    assert_trainer_reported(cli, job, out)
+    result = assert_export_gives_the_trained_logits(cli, job, probe, tmp_path / "hf", "--max-shard-size", "100KB")
+    assert "model.safetensors.index.json" in result["files"] and result["step"] == 10, result
+
+
 def test_accelerate_script_sees_two_processes(cli):
     proc = cli("submit", SCRIPTS / "accelerate_regression.py", "--workers", "2", "--", "--steps", "6", timeout=600)
     out = proc.stdout + proc.stderr
@@ -66,8 +97,9 @@ def test_accelerate_script_sees_two_processes(cli):
 def test_lora_job_under_zero3_exports_a_hf_folder_with_the_engines_logits(cli, tmp_path):
     """jobs/lora_causal_lm.py: a GPT-2 from its config built partitioned (ctx.zero_init), a PEFT LoRA adapter,
     ZeRO-3 on 2 CPU workers; the loss falls, the planner counts the frozen base as frozen, the checkpoint
-    holds the model's description and the adapter, and `export --format hf --merge-adapter` gives a folder
-    from_pretrained loads, with the trained engine's logits on a fixed input (fp32, atol 1e-5)."""
+    holds the model's description and the adapter (PEFT's files), and `export --format hf --merge-adapter` gives
+    a folder from_pretrained loads, with the trained engine's logits on a fixed input (fp32, atol 1e-5); the
+    checkpoint's adapter on the exported base gives them too."""
     import json
     from pathlib import Path
 
@@ -98,14 +130,30 @@ def test_lora_job_under_zero3_exports_a_hf_folder_with_the_engines_logits(cli, t
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=probe["input"]).logits, probe["output"], rtol=0, atol=1e-5)
 
+    # the checkpoint holds the adapter as PEFT's own files (its ZeRO-3 partitions gathered on rank 0): on the
+    # frozen base (the unmerged export's base/), PeftModel.from_pretrained(base, CKPT) gives the same logits
+    from peft import PeftModel
 
-def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_last(cli):
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in Path(ckpt["path"]).iterdir()}
+    folder = json.loads(cli("export", ckpt["path"], "--format", "hf", "--out", tmp_path / "adapter", "--json",
+                            check=True, timeout=600).stdout)
+    assert folder["adapter"] == "folder", folder
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "adapter" / "base")
+    with_adapter = PeftModel.from_pretrained(base, ckpt["path"]).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(with_adapter(input_ids=probe["input"]).logits, probe["output"], rtol=0, atol=1e-5)
+
+
+def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_last(cli, tmp_path):
     # ZeRO-3 with raytrain's checkpoint flags: the Trainer saves checkpoint-4/-8/-10 (--save_steps 4 and the
     # end), each rank's files (its ZeRO shards) reach the run's storage with raytrain's markers; rank 1 dies
-    # after step 6 and Ray Train restarts the workers from the step-4 checkpoint (resume_from_checkpoint)
+    # after step 6 and Ray Train restarts the workers from the step-4 checkpoint (resume_from_checkpoint); the
+    # last checkpoint (ZeRO-3 shards only: no consolidated weights) exports to a folder with the final logits
     saving = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]  # --checkpoint-every says when
+    probe = tmp_path / "probe.pt"
     job, out, log = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--checkpoint-every", "4", "--keep", "2",
-                                "--max-failures", "1", script_args=["--fail_once_at_step", "6"], trainer_args=saving)
+                                "--max-failures", "1", script_args=["--fail_once_at_step", "6", "--probe_out", probe],
+                                trainer_args=saving)
     status = cli.json("jobs", "status", job)
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
     facts = cli.facts(job)
@@ -121,3 +169,5 @@ def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_
     assert {"trainer_state.json", "latest", "rng_state_0.pth", "rng_state_1.pth"} <= files, files
     assert any("zero_pp_rank_0_" in f for f in files) and any("zero_pp_rank_1_" in f for f in files), files
     assert "loss" in status["last_metrics"] and f"loss {facts.losses[-1]:.4f}" in out  # the progress line
+    assert not any(f.startswith("model.safetensors") for f in files), files  # ZeRO-3: the shards hold the weights
+    assert_export_gives_the_trained_logits(cli, job, probe, tmp_path / "hf", "--dtype", "fp32")

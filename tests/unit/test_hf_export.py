@@ -133,3 +133,17 @@ def test_export_refusals_are_one_line_exit_2(raytrain_home, tmp_path):
                                  "--merge-adapter"])
     assert result.exit_code == 2 and "--merge-adapter" in result.output and "no PEFT adapter" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_peft_models_adapter_is_saved_as_pefts_own_files(tmp_path):
+    # what each checkpoint of a LoRA run holds beside DeepSpeed's state (rank 0 writes; ZeRO-3's gather of the
+    # trainable parameters runs in tests/e2e/test_hf.py): PeftModel.from_pretrained(base, DIR) gives its logits
+    model = with_lora(tiny_gpt2())
+    assert hf_model.save_adapter(model, tmp_path, rank=0)
+    assert {p.name for p in tmp_path.iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    loaded = peft.PeftModel.from_pretrained(tiny_gpt2(), tmp_path)  # the same seed: the same base
+    torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=1e-6)
+    other = tmp_path / "rank1"
+    other.mkdir()
+    assert hf_model.save_adapter(model, other, rank=1) and not any(other.iterdir())  # rank 0 writes
+    assert not hf_model.save_adapter(tiny_gpt2(), other, rank=0)  # no adapter: nothing

@@ -40,6 +40,7 @@ class DataTrainingArguments:
     block_size: int = field(default=32, metadata={"help": "tokens per sample"})
     num_samples: int = field(default=512, metadata={"help": "synthetic training samples"})
     fail_once_at_step: int = field(default=0, metadata={"help": "test hook: rank 1 dies once step N is done"})
+    probe_out: str = field(default="", metadata={"help": "test hook: the trained model's logits on a fixed input"})
 
 
 class FailOnce(TrainerCallback):
@@ -92,6 +93,13 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     engine = trainer.model_wrapped
+    if data_args.probe_out:  # every rank runs the forward (ZeRO-3 gathers the parameters); rank 0 saves
+        probe = CountingDataset(2, data_args.block_size, model_args.vocab_size).ids.to(trainer.model.device)
+        trainer.model.eval()
+        with torch.no_grad():
+            logits = trainer.model(input_ids=probe).logits
+        if rank == 0:
+            torch.save({"input": probe.cpu(), "output": logits.float().cpu()}, data_args.probe_out)
     if rank == 0:
         for i, loss in enumerate(losses):
             print(f"hf_trainer log {i} loss {loss:.4f}", flush=True)
