@@ -137,7 +137,8 @@ def _describe_export(result: dict, out: str, ckpt_path: str) -> str:
 @handle_errors
 def export(checkpoint, out, fmt, dtype, merge_adapter, max_shard_size, force, timeout_s, storage, as_json):
     """Write a consolidated fp32 state_dict (loadable without DeepSpeed) from CHECKPOINT, or with --format hf
-    a Hugging Face model folder (AutoModelForCausalLM.from_pretrained loads it).
+    a Hugging Face model folder (AutoModelForCausalLM.from_pretrained loads it), for train(ctx) runs and
+    Hugging Face Trainer-script runs (a PEFT Trainer run: its adapter, or merged with --merge-adapter).
 
     CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint). The file or folder is
     written whole or not at all (a temporary one renamed into place).
