@@ -18,8 +18,8 @@ TRAINER_ARGS = ["--output_dir", "out", "--max_steps", "10", "--report_to", "none
                 "--save_strategy", "no", "--disable_tqdm", "true"]
 
 
-def run_trainer(cli, *flags, script_args=(), trainer_args=TRAINER_ARGS):
-    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", "2", *flags, "--", *trainer_args, *script_args,
+def run_trainer(cli, *flags, script_args=(), trainer_args=TRAINER_ARGS, workers=2):
+    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", str(workers), *flags, "--", *trainer_args, *script_args,
                timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -102,10 +102,12 @@ def test_lora_job_under_zero3_exports_a_hf_folder_with_the_engines_logits(cli, t
 def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_last(cli):
     # ZeRO-3 with raytrain's checkpoint flags: the Trainer saves checkpoint-4/-8/-10 (--save_steps 4 and the
     # end), each rank's files (its ZeRO shards) reach the run's storage with raytrain's markers; rank 1 dies
-    # after step 6 and Ray Train restarts the workers from the step-4 checkpoint (resume_from_checkpoint)
+    # after step 6 and Ray Train restarts the workers from the step-4 checkpoint (resume_from_checkpoint).
+    # Then `--resume` of its step-8 checkpoint on 1 worker: the ZeRO state is resharded (DeepSpeed universal
+    # checkpoint) and steps 9-10 repeat the saved run's losses.
     saving = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]  # --checkpoint-every says when
     job, out, log = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--checkpoint-every", "4", "--keep", "2",
-                                "--max-failures", "1", script_args=["--fail_once_at_step", "6"], trainer_args=saving)
+                                "--max-failures", "1", script_args=["--fail_once_at_step", "6", "--dropout", "0"], trainer_args=saving)
     status = cli.json("jobs", "status", job)
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
     facts = cli.facts(job)
@@ -121,3 +123,17 @@ def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_
     assert {"trainer_state.json", "latest", "rng_state_0.pth", "rng_state_1.pth"} <= files, files
     assert any("zero_pp_rank_0_" in f for f in files) and any("zero_pp_rank_1_" in f for f in files), files
     assert "loss" in status["last_metrics"] and f"loss {facts.losses[-1]:.4f}" in out  # the progress line
+
+    # --resume of the step-8 checkpoint (2 workers, ZeRO-3) on 1 worker, the global batch kept (micro 2 x
+    # grad-accum 2): the same weights, optimizer state and data order, so steps 9 and 10 give the saved run's
+    # losses (fp32, no dropout: one rank's RNG stream cannot replay two ranks' masks; 2 ranks' gradient sum vs
+    # one rank's accumulation differ in rounding only: rel 1e-4)
+    resumed, out1, log1 = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--grad-accum", "2", "--resume",
+                                      listed[0]["path"], script_args=["--dropout", "0"], workers=1)
+    assert "checkpoint saved by 2 worker(s), this run has 1: resharding ZeRO state" in log1, log1
+    assert "raytrain: the Trainer resumes from step 8" in log1, log1
+    assert "hf_trainer done: world 1, zero 3, micro 2, accum 2, clip 1, bf16 False, steps 10" in log1, log1
+    again = cli.facts(resumed)
+    assert [m["step"] for m in again.metrics] == [9, 10], again.metrics
+    saved = {m["step"]: m["loss"] for m in facts.metrics}
+    assert again.losses == pytest.approx([saved[9], saved[10]], rel=1e-4), (again.losses, saved)
