@@ -170,7 +170,8 @@ def trainer_folder(
         out.mkdir()
         for path in src.iterdir():
             name = path.name
-            if name in (tag, "latest", "rng_state.pth") or name.startswith("raytrain_rank") or RANK_FILES[1].match(name):
+            rng = name == "rng_state.pth" or RANK_FILES[1].match(name)
+            if name in (tag, "latest") or name.startswith("raytrain_rank") or rng:
                 continue
             (out / name).symlink_to(path)
         (out / tag).symlink_to(Path(universal).resolve() / tag)

@@ -19,8 +19,8 @@ TRAINER_ARGS = ["--output_dir", "out", "--max_steps", "10", "--report_to", "none
 
 
 def run_trainer(cli, *flags, script_args=(), trainer_args=TRAINER_ARGS, workers=2):
-    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", str(workers), *flags, "--", *trainer_args, *script_args,
-               timeout=900)
+    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", str(workers), *flags, "--", *trainer_args,
+               *script_args, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "a Hugging Face Trainer script" in proc.stderr
@@ -107,7 +107,8 @@ def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_
     # checkpoint) and steps 9-10 repeat the saved run's losses.
     saving = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]  # --checkpoint-every says when
     job, out, log = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--checkpoint-every", "4", "--keep", "2",
-                                "--max-failures", "1", script_args=["--fail_once_at_step", "6", "--dropout", "0"], trainer_args=saving)
+                                "--max-failures", "1", script_args=["--fail_once_at_step", "6", "--dropout", "0"],
+                                trainer_args=saving)
     status = cli.json("jobs", "status", job)
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
     facts = cli.facts(job)

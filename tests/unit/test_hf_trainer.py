@@ -300,7 +300,8 @@ def test_a_checkpoint_of_the_same_world_size_or_stage_0_is_given_to_the_trainer_
 
     src = tmp_path / "checkpoint-4"
     _trainer_checkpoint(src, ranks=1)
-    restored = stage(src, rank=0, world_size=1, step=4, metrics={}, batch={"micro": 2, "grad_accum": 1, "world_size": 1})
+    batch = {"micro": 2, "grad_accum": 1, "world_size": 1}
+    restored = stage(src, rank=0, world_size=1, step=4, metrics={}, batch=batch)
     config = {"zero_optimization": {"stage": 2}}
     same = prepare_resume(restored, world_size=1, local_rank=0, config=config, log=print)
     assert (same.folder, same.step, same.saved_world_size) == (restored, 4, 1) and "checkpoint" not in config
@@ -397,3 +398,23 @@ def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, mo
     events = [e for e in map(parse_line, out.splitlines()) if e and e["event"] == "metrics"]
     assert [e["step"] for e in events] == [3, 4], events
     assert f"raytrain: the Trainer resumes from step 2 ({restored})" in out
+
+
+def test_a_resharded_trainer_with_another_global_batch_is_refused_before_its_first_step(tmp_path, monkeypatch):
+    # the hook checks the Trainer's own arguments (per_device_train_batch_size x gradient_accumulation_steps x
+    # workers) against the saving run's before Trainer.train starts: nothing is trained
+    transformers = pytest.importorskip("transformers")
+    from raytrain.runtime.hf_checkpoints import Resume
+    from raytrain.runtime.hf_trainer import trainer_hooks
+
+    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+    resume = Resume("/storage/ckpt", str(tmp_path), 8, 2, {"micro": 2, "grad_accum": 1, "world_size": 2})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=10, report_to="none",
+                                          per_device_train_batch_size=2, use_cpu=True, disable_tqdm=True)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8))
+    with trainer_hooks(rank=0, train_batch=2, gpu=False, world_size=1, resume=resume):
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": [1] * 8}] * 8)
+        with pytest.raises(RuntimeError, match=r"global batch of 4 .* this run's is 2 .* --grad-accum 2 "):
+            trainer.train()
+    assert trainer.state.global_step == 0
