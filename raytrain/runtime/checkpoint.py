@@ -131,6 +131,25 @@ def to_universal(directory: str, tag: str, *, local_rank: int, saved_world_size:
     return str(out)
 
 
+def reshard_if_needed(
+    config: dict[str, Any], directory: str, tag: str, *, saved_world_size: int, world_size: int, local_rank: int,
+    log: Any,
+) -> str | None:
+    """Before the engine is built (``train(ctx)`` jobs and Trainer scripts alike): a ZeRO checkpoint saved by
+    another number of workers is converted to a DeepSpeed universal checkpoint and ``config`` told to load it
+    (``"checkpoint": {"load_universal": true}``). Returns the converted folder (its ``latest_universal`` names
+    ``tag``), or None when the checkpoint loads as it is. A checkpoint that cannot be converted (a non-Adam
+    optimizer) raises with why and what would work."""
+    zero = int((config.get("zero_optimization") or {}).get("stage", 0))
+    if not needs_reshard(saved_world_size, world_size=world_size, zero=zero):
+        return None
+    log(f"raytrain: checkpoint saved by {saved_world_size} worker(s), this run has {world_size}: resharding "
+        "ZeRO state (DeepSpeed universal checkpoint)")
+    universal = to_universal(directory, tag, local_rank=local_rank, saved_world_size=saved_world_size)
+    config.setdefault("checkpoint", {})["load_universal"] = True
+    return universal
+
+
 def load(engine: Any, directory: str, *, rank: int, world_size: int, universal: str | None = None) -> tuple[int, dict]:
     """Load the DeepSpeed state and this rank's RNG/data state; returns (step, user_state).
     ``universal``: a converted copy to load the DeepSpeed state from (resharded to this world size)."""

@@ -40,14 +40,10 @@ class Checkpointer:
         saved = self.saved
         if not (saved and tp == 1 and pp == 1):
             return
-        zero = int((config.get("zero_optimization") or {}).get("stage", 0))
-        if checkpoint.needs_reshard(saved.world_size, world_size=self.world_size, zero=zero):
-            log(f"raytrain: checkpoint saved by {saved.world_size} worker(s), this run has "
-                f"{self.world_size}: resharding ZeRO state (DeepSpeed universal checkpoint)")
-            self._universal = checkpoint.to_universal(
-                self.restore_from, saved.tag, local_rank=self.local_rank, saved_world_size=saved.world_size
-            )
-            config.setdefault("checkpoint", {})["load_universal"] = True
+        self._universal = checkpoint.reshard_if_needed(
+            config, self.restore_from, saved.tag, saved_world_size=saved.world_size, world_size=self.world_size,
+            local_rank=self.local_rank, log=log,
+        )
 
     def restore(self, engine: Any) -> tuple[int, dict[str, Any]] | None:
         """Load the restore point into ``engine``: (step, the job's state), or None without one."""

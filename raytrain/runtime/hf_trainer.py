@@ -11,7 +11,8 @@ collectives mismatch.
 
 Checkpoints: after the Trainer wrote ``checkpoint-N`` (``on_save``, on every rank), each rank reports its files
 of it to Ray Train storage (raytrain.runtime.hf_checkpoints); ``Trainer.train`` is wrapped so that a restore
-point (a restart after a failure, or ``--resume``) reaches it as ``resume_from_checkpoint``.
+point (a restart after a failure, or ``--resume``) reaches it as ``resume_from_checkpoint``, resharded when the
+number of workers changed (hf_checkpoints.prepare_resume).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import functools
 import os
 from typing import Any, Iterator
 
+from raytrain.runtime.hf_checkpoints import Resume
 from raytrain.runtime.reporter import Reporter
 
 LOG_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "epoch": "epoch"}
@@ -59,7 +61,11 @@ def make_callback(reporter: Reporter, *, log_every: int, world_size: int = 1, ch
             last = reporter.last_metrics
             metrics = dict(last) if last.get("step") == step else {"step": step}
             folder = os.path.join(args.output_dir, f"checkpoint-{step}")
-            hf_checkpoints.report(folder, rank=reporter.rank, world_size=world_size, step=step, metrics=metrics)
+            batch = {"micro": int(args.per_device_train_batch_size), "world_size": world_size,
+                     "grad_accum": int(args.gradient_accumulation_steps)}
+            hf_checkpoints.report(
+                folder, rank=reporter.rank, world_size=world_size, step=step, metrics=metrics, batch=batch
+            )
 
     return RaytrainCallback()
 
@@ -91,24 +97,26 @@ def cpu_process_group_for_accelerate() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def resume_hook(restore_from: str | None, *, rank: int, world_size: int, zero: int) -> Iterator[None]:
-    """While active, ``Trainer.train`` continues from ``restore_from`` (raytrain's restore point: a restart
-    after a failure, or ``--resume``) whatever ``resume_from_checkpoint`` the script passes."""
-    if not restore_from:
+def resume_hook(resume: Resume | None, *, rank: int, world_size: int) -> Iterator[None]:
+    """While active, ``Trainer.train`` continues from ``resume`` (raytrain's restore point: a restart after a
+    failure, or ``--resume``; resharded by hf_checkpoints.prepare_resume when the world size changed) whatever
+    ``resume_from_checkpoint`` the script passes."""
+    if resume is None:
         yield
         return
     import transformers
 
-    from raytrain.runtime.hf_checkpoints import check_restore
+    from raytrain.runtime.hf_checkpoints import check_batch
 
-    step = check_restore(restore_from, world_size=world_size, zero=zero)
     original = transformers.Trainer.train
 
     @functools.wraps(original)
     def train(self, resume_from_checkpoint=None, *args: Any, **kwargs: Any) -> Any:
+        check_batch(resume, micro=int(self.args.per_device_train_batch_size), world_size=world_size,
+                    grad_accum=int(self.args.gradient_accumulation_steps))
         if rank == 0:
-            print(f"raytrain: the Trainer resumes from step {step} ({restore_from})", flush=True)
-        return original(self, restore_from, *args, **kwargs)
+            print(f"raytrain: the Trainer resumes from step {resume.step} ({resume.source})", flush=True)
+        return original(self, resume.folder, *args, **kwargs)
 
     transformers.Trainer.train = train
     try:
@@ -119,12 +127,12 @@ def resume_hook(restore_from: str | None, *, rank: int, world_size: int, zero: i
 
 @contextlib.contextmanager
 def trainer_hooks(
-    *, rank: int, train_batch: int, gpu: bool, world_size: int = 1, zero: int = 0, restore_from: str | None = None,
+    *, rank: int, train_batch: int, gpu: bool, world_size: int = 1, resume: Resume | None = None,
     checkpoints: bool = False,
 ) -> Iterator[Reporter]:
     """While active, every ``transformers.Trainer`` gets raytrain's callback (progress; with ``checkpoints``,
-    in a Ray Train worker, its checkpoints reported to storage) and continues from ``restore_from``; the
-    memory sampler runs."""
+    in a Ray Train worker, its checkpoints reported to storage) and continues from ``resume``
+    (hf_checkpoints.prepare_resume); the memory sampler runs."""
     import transformers
 
     reporter = Reporter(rank=rank, train_batch=train_batch)
@@ -144,7 +152,7 @@ def trainer_hooks(
     transformers.Trainer.__init__ = __init__
     try:
         with cpu_process_group_for_accelerate() if not gpu else contextlib.nullcontext(), resume_hook(
-            restore_from, rank=rank, world_size=world_size, zero=zero
+            resume, rank=rank, world_size=world_size
         ):
             yield reporter
     finally:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import inspect
 import json
@@ -401,19 +402,27 @@ def run_on_worker(plan: Plan, restore_from: str | None = None) -> None:
     """Script mode's train_loop_per_worker body. ``restore_from``: the checkpoint to continue from (a Hugging
     Face Trainer script's; other scripts load their own)."""
     launch = launch_from_ray()
-    extra = None
+    extra, deepspeed_config = None, plan.deepspeed
     if plan.hf_trainer:
+        from raytrain.runtime.hf_checkpoints import prepare_resume
         from raytrain.runtime.hf_trainer import trainer_hooks
 
+        resume = None
+        if restore_from:
+            deepspeed_config = copy.deepcopy(deepspeed_config)
+            resume = prepare_resume(
+                restore_from, world_size=launch.world_size, local_rank=launch.local_rank, config=deepspeed_config,
+                log=lambda message: print(message, flush=True) if launch.rank == 0 else None,
+            )
         extra = trainer_hooks(
             rank=launch.rank, train_batch=plan.train_batch, gpu=plan.scaling.use_gpu, world_size=launch.world_size,
-            zero=plan.zero, restore_from=restore_from, checkpoints=True,
+            resume=resume, checkpoints=True,
         )
     run_script(
         find_job_file(plan.job_module),
         list(plan.job_args),
         launch=launch,
-        deepspeed_config=plan.deepspeed,
+        deepspeed_config=deepspeed_config,
         defaults=plan.script_defaults,
         extra=extra,
         accelerate={"use_gpu": plan.scaling.use_gpu, "precision": plan.precision, "hf_trainer": plan.hf_trainer},

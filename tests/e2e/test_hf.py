@@ -19,9 +19,9 @@ TRAINER_ARGS = ["--output_dir", "out", "--max_steps", "10", "--report_to", "none
                 "--save_strategy", "no", "--disable_tqdm", "true"]
 
 
-def run_trainer(cli, *flags, script_args=(), trainer_args=TRAINER_ARGS):
-    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", "2", *flags, "--", *trainer_args, *script_args,
-               timeout=900)
+def run_trainer(cli, *flags, script_args=(), trainer_args=TRAINER_ARGS, workers=2):
+    proc = cli("submit", SCRIPTS / "hf_trainer.py", "--workers", str(workers), *flags, "--", *trainer_args,
+               *script_args, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "a Hugging Face Trainer script" in proc.stderr
@@ -148,11 +148,14 @@ def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_
     # ZeRO-3 with raytrain's checkpoint flags: the Trainer saves checkpoint-4/-8/-10 (--save_steps 4 and the
     # end), each rank's files (its ZeRO shards) reach the run's storage with raytrain's markers; rank 1 dies
     # after step 6 and Ray Train restarts the workers from the step-4 checkpoint (resume_from_checkpoint); the
-    # last checkpoint (ZeRO-3 shards only: no consolidated weights) exports to a folder with the final logits
+    # last checkpoint (ZeRO-3 shards only: no consolidated weights) exports to a folder with the final logits.
+    # Then `--resume` of its step-8 checkpoint on 1 worker: the ZeRO state is resharded (DeepSpeed universal
+    # checkpoint) and steps 9-10 repeat the saved run's losses.
     saving = [a for a in TRAINER_ARGS if a not in ("--save_strategy", "no")]  # --checkpoint-every says when
     probe = tmp_path / "probe.pt"
     job, out, log = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--checkpoint-every", "4", "--keep", "2",
-                                "--max-failures", "1", script_args=["--fail_once_at_step", "6", "--probe_out", probe],
+                                "--max-failures", "1",
+                                script_args=["--fail_once_at_step", "6", "--probe_out", probe, "--dropout", "0"],
                                 trainer_args=saving)
     status = cli.json("jobs", "status", job)
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
@@ -171,3 +174,17 @@ def test_trainer_checkpoints_reach_storage_and_a_killed_worker_resumes_from_the_
     assert "loss" in status["last_metrics"] and f"loss {facts.losses[-1]:.4f}" in out  # the progress line
     assert not any(f.startswith("model.safetensors") for f in files), files  # ZeRO-3: the shards hold the weights
     assert_export_gives_the_trained_logits(cli, job, probe, tmp_path / "hf", "--dtype", "fp32")
+
+    # --resume of the step-8 checkpoint (2 workers, ZeRO-3) on 1 worker, the global batch kept (micro 2 x
+    # grad-accum 2): the same weights, optimizer state and data order, so steps 9 and 10 give the saved run's
+    # losses (fp32, no dropout: one rank's RNG stream cannot replay two ranks' masks; 2 ranks' gradient sum vs
+    # one rank's accumulation differ in rounding only: rel 1e-4)
+    resumed, out1, log1 = run_trainer(cli, "--zero", "3", "--micro-batch", "2", "--grad-accum", "2", "--resume",
+                                      listed[0]["path"], script_args=["--dropout", "0"], workers=1)
+    assert "checkpoint saved by 2 worker(s), this run has 1: resharding ZeRO state" in log1, log1
+    assert "raytrain: the Trainer resumes from step 8" in log1, log1
+    assert "hf_trainer done: world 1, zero 3, micro 2, accum 2, clip 1, bf16 False, steps 10" in log1, log1
+    again = cli.facts(resumed)
+    assert [m["step"] for m in again.metrics] == [9, 10], again.metrics
+    saved = {m["step"]: m["loss"] for m in facts.metrics}
+    assert again.losses == pytest.approx([saved[9], saved[10]], rel=1e-4), (again.losses, saved)

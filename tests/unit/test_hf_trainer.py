@@ -3,6 +3,7 @@ with raytrain's flags (contradictions refused before submitting), the DeepSpeed 
 the Trainer owns, the arguments the workers give the script's real HfArgumentParser, and the callback that
 turns the Trainer's logs into raytrain's metrics events (a real Trainer on CPU, one process)."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -294,16 +295,70 @@ def test_each_rank_stages_its_own_files_and_together_they_make_a_complete_checkp
     assert (storage / "trainer_state.json").exists() and (storage / "rng_state_1.pth").exists()
 
 
-def test_a_zero_checkpoint_of_another_world_size_is_refused_with_what_works(tmp_path):
-    from raytrain.runtime.hf_checkpoints import check_restore, stage
+def test_a_checkpoint_of_the_same_world_size_or_stage_0_is_given_to_the_trainer_as_it_is(tmp_path):
+    from raytrain.runtime.hf_checkpoints import prepare_resume, stage
 
     src = tmp_path / "checkpoint-4"
     _trainer_checkpoint(src, ranks=1)
-    restored = stage(src, rank=0, world_size=1, step=4, metrics={})
-    assert check_restore(restored, world_size=1, zero=2) == 4
-    assert check_restore(restored, world_size=2, zero=0) == 4  # stage 0: whole state on every rank
-    with pytest.raises(RuntimeError, match="saved by 1 workers; this run has 2.*resume with --workers 1"):
-        check_restore(restored, world_size=2, zero=2)
+    batch = {"micro": 2, "grad_accum": 1, "world_size": 1}
+    restored = stage(src, rank=0, world_size=1, step=4, metrics={}, batch=batch)
+    config = {"zero_optimization": {"stage": 2}}
+    same = prepare_resume(restored, world_size=1, local_rank=0, config=config, log=print)
+    assert (same.folder, same.step, same.saved_world_size) == (restored, 4, 1) and "checkpoint" not in config
+    assert same.batch == {"micro": 2, "grad_accum": 1, "world_size": 1}
+    whole = prepare_resume(restored, world_size=2, local_rank=0, config={"zero_optimization": {"stage": 0}}, log=print)
+    assert whole.folder == restored  # stage 0: whole state on every rank
+    unmarked = prepare_resume(str(src), world_size=2, local_rank=0, config=config, log=print)
+    assert unmarked.folder == str(src) and unmarked.step is None
+
+
+@pytest.mark.parametrize("saved, world, files", [
+    (2, 1, {"rng_state.pth": "rng_state_0.pth"}),
+    (1, 2, {"rng_state_0.pth": "rng_state.pth", "rng_state_1.pth": "rng_state.pth"}),
+    (2, 3, {"rng_state_0.pth": "rng_state_0.pth", "rng_state_1.pth": "rng_state_1.pth",
+            "rng_state_2.pth": "rng_state_0.pth"}),
+    (4, 2, {"rng_state_0.pth": "rng_state_0.pth", "rng_state_1.pth": "rng_state_1.pth"}),
+])
+def test_each_rank_of_the_new_world_gets_an_rng_file(saved, world, files):
+    from raytrain.runtime.hf_checkpoints import rng_files
+
+    assert rng_files(saved, world) == files
+
+
+def test_the_resharded_folder_holds_the_converted_state_the_trainers_files_and_one_rng_file_per_rank(tmp_path):
+    from raytrain.runtime.hf_checkpoints import stage, trainer_folder
+
+    src = tmp_path / "checkpoint-4"
+    _trainer_checkpoint(src, ranks=2)
+    (src / "scheduler.pt").write_bytes(b"s")
+    storage = tmp_path / "storage"
+    for r in (0, 1):
+        shutil.copytree(stage(src, rank=r, world_size=2, step=4, metrics={}), storage, dirs_exist_ok=True)
+    universal = tmp_path / "universal" / "abc"
+    (universal / "global_step4" / "zero").mkdir(parents=True)
+    folder = Path(trainer_folder(str(storage), str(universal), "global_step4", saved_world_size=2, world_size=1,
+                                 local_rank=0))
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["global_step4", "latest_universal", "rng_state.pth", "scheduler.pt", "trainer_state.json"]
+    assert (folder / "global_step4" / "zero").is_dir() and (folder / "latest_universal").read_text() == "global_step4"
+    assert (folder / "rng_state.pth").read_bytes() == (storage / "rng_state_0.pth").read_bytes()
+    again = trainer_folder(str(storage), str(universal), "global_step4", saved_world_size=2, world_size=1, local_rank=0)
+    assert again == str(folder)  # rebuilt in place (a restart of the same run)
+
+
+def test_a_resharded_trainer_run_must_keep_the_global_batch(tmp_path):
+    from raytrain.runtime.hf_checkpoints import Resume, check_batch
+
+    resume = Resume("/s/ckpt", "/tmp/x", 8, 2, {"micro": 2, "grad_accum": 1, "world_size": 2})
+    check_batch(resume, micro=2, grad_accum=2, world_size=1)  # 4 = 4
+    check_batch(resume, micro=4, grad_accum=1, world_size=1)
+    check_batch(Resume("/s", "/s", 8, 1, resume.batch), micro=2, grad_accum=7, world_size=1)  # not resharded
+    check_batch(Resume("/s", "/tmp/x", 8, 2, None), micro=2, grad_accum=7, world_size=1)  # saved before the record
+    with pytest.raises(RuntimeError, match=r"global batch of 4 \(2 workers x micro 2 x grad-accum 1\); this run's is 2 "
+                                           r"\(1 x 2 x 1\).*keep the global batch with --grad-accum 2 "):
+        check_batch(resume, micro=2, grad_accum=1, world_size=1)
+    with pytest.raises(RuntimeError, match="keep the global batch with --workers 2$"):
+        check_batch(resume, micro=3, grad_accum=1, world_size=1)
 
 
 def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, monkeypatch):
@@ -312,7 +367,7 @@ def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, mo
     transformers = pytest.importorskip("transformers")
     import importlib.util
 
-    from raytrain.runtime.hf_checkpoints import stage
+    from raytrain.runtime.hf_checkpoints import prepare_resume, stage
     from raytrain.runtime.hf_trainer import trainer_hooks
 
     spec = importlib.util.spec_from_file_location("hf_trainer_script", HF)
@@ -333,7 +388,8 @@ def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, mo
     trainer(tmp_path / "first", 2).train()
     restored = stage(tmp_path / "first" / "checkpoint-2", rank=0, world_size=1, step=2, metrics={})
     capsys.readouterr()
-    with trainer_hooks(rank=0, train_batch=4, gpu=False, restore_from=restored):
+    resume = prepare_resume(restored, world_size=1, local_rank=0, config=None, log=print)
+    with trainer_hooks(rank=0, train_batch=4, gpu=False, resume=resume):
         resumed = trainer(tmp_path / "second", 4)
         resumed.train()
     assert resumed.state.global_step == 4
@@ -342,3 +398,23 @@ def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, mo
     events = [e for e in map(parse_line, out.splitlines()) if e and e["event"] == "metrics"]
     assert [e["step"] for e in events] == [3, 4], events
     assert f"raytrain: the Trainer resumes from step 2 ({restored})" in out
+
+
+def test_a_resharded_trainer_with_another_global_batch_is_refused_before_its_first_step(tmp_path, monkeypatch):
+    # the hook checks the Trainer's own arguments (per_device_train_batch_size x gradient_accumulation_steps x
+    # workers) against the saving run's before Trainer.train starts: nothing is trained
+    transformers = pytest.importorskip("transformers")
+    from raytrain.runtime.hf_checkpoints import Resume
+    from raytrain.runtime.hf_trainer import trainer_hooks
+
+    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+    resume = Resume("/storage/ckpt", str(tmp_path), 8, 2, {"micro": 2, "grad_accum": 1, "world_size": 2})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=10, report_to="none",
+                                          per_device_train_batch_size=2, use_cpu=True, disable_tqdm=True)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8))
+    with trainer_hooks(rank=0, train_batch=2, gpu=False, world_size=1, resume=resume):
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": [1] * 8}] * 8)
+        with pytest.raises(RuntimeError, match=r"global batch of 4 .* this run's is 2 .* --grad-accum 2 "):
+            trainer.train()
+    assert trainer.state.global_step == 0

@@ -33,6 +33,8 @@ class ModelArguments:
     n_layer: int = field(default=2, metadata={"help": "layers of the GPT-2 built from its config"})
     n_embd: int = field(default=64, metadata={"help": "hidden size"})
     vocab_size: int = field(default=64, metadata={"help": "vocabulary"})
+    dropout: float = field(default=0.1, metadata={"help": "GPT-2's dropouts (0: a run whose losses do not depend on "
+                                                          "how the RNG streams are cut across ranks)"})
 
 
 @dataclass
@@ -82,7 +84,8 @@ def main():
 
     config = GPT2Config(
         n_layer=model_args.n_layer, n_embd=model_args.n_embd, n_head=2, vocab_size=model_args.vocab_size,
-        n_positions=data_args.block_size,
+        n_positions=data_args.block_size, resid_pdrop=model_args.dropout, embd_pdrop=model_args.dropout,
+        attn_pdrop=model_args.dropout,
     )
     model = AutoModelForCausalLM.from_config(config)
     train_dataset = CountingDataset(data_args.num_samples, data_args.block_size, model_args.vocab_size)
