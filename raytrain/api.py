@@ -126,7 +126,23 @@ def check_here(target: Target, the_plan: Plan) -> None:
     if the_plan.resume:
         from raytrain.checkpoints.store import resolve_resume
 
-        resolve_resume(the_plan.resume, the_plan.storage)
+        found = resolve_resume(the_plan.resume, the_plan.storage)
+        if the_plan.hf_trainer:
+            check_trainer_batch(found.path, the_plan)
+
+
+def check_trainer_batch(checkpoint: str, the_plan: Plan) -> None:
+    """A Trainer checkpoint resumed on another number of workers must keep its global batch (the Trainer
+    counts its data position in steps): refused here, before submitting, as the workers would refuse it."""
+    from raytrain.checkpoints import hf_content
+    from raytrain.errors import ConfigError
+
+    refused = hf_content.trainer_batch_refusal(
+        hf_content.saved_trainer_batch(checkpoint), checkpoint, micro=the_plan.micro_batch,
+        grad_accum=the_plan.grad_accum, world_size=the_plan.scaling.num_workers,
+    )
+    if refused:
+        raise ConfigError(f"--resume {the_plan.resume}: {refused[1]}", flag=refused[0])
 
 
 def submit_request(target: Target, request: Request) -> JobHandle:

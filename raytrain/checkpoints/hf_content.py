@@ -11,6 +11,7 @@ from pathlib import Path
 from raytrain.checkpoints import marker as markers
 
 TRAINER_STATE = "trainer_state.json"
+TRAINER_BATCH = "raytrain_trainer.json"  # rank 0: the saving run's micro batch, gradient accumulation, world size
 CONFIG = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -97,3 +98,36 @@ def _trainer_refusal(d: Path, merge_adapter: bool) -> tuple[str, str] | None:
     if merge_adapter:
         return f"--merge-adapter: the Trainer run at {d} trained no PEFT adapter; leave it out", "--merge-adapter"
     return None
+
+
+def saved_trainer_batch(d: str | Path) -> dict[str, int] | None:
+    """The saving run's batch arithmetic (``micro``, ``grad_accum``, ``world_size``) of a Trainer checkpoint;
+    None for a checkpoint saved before raytrain wrote it, or not by a Trainer run."""
+    try:
+        saved = json.loads((Path(d) / TRAINER_BATCH).read_text())
+        return {key: int(saved[key]) for key in ("micro", "grad_accum", "world_size")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def trainer_batch_refusal(saved: dict[str, int] | None, source: str, *, micro: int, grad_accum: int,
+                          world_size: int) -> tuple[str, str] | None:
+    """A resharded Trainer run must keep the saving run's global batch: the Trainer counts its data position in
+    optimizer steps (it skips ``global_step x grad_accum`` batches per rank), so another global batch would
+    skip a different number of samples. None when it is kept (or nothing is resharded); else (the flag that
+    would fix it, one line naming both batches and that flag's value)."""
+    if not saved or saved["world_size"] == world_size:
+        return None
+    before = saved["micro"] * saved["grad_accum"] * saved["world_size"]
+    now = micro * grad_accum * world_size
+    if before == now:
+        return None
+    fits = before % (micro * world_size) == 0
+    flag = "--grad-accum" if fits else "--workers"
+    way = (f"--grad-accum {before // (micro * world_size)} (the Trainer's --gradient_accumulation_steps)" if fits
+           else f"--workers {saved['world_size']}")
+    return flag, (
+        f"checkpoint {source} was saved with a global batch of {before} ({saved['world_size']} workers x micro "
+        f"{saved['micro']} x grad-accum {saved['grad_accum']}); this run's is {now} ({world_size} x {micro} x "
+        f"{grad_accum}), and the Trainer counts its data position in steps: keep the global batch with {way}"
+    )

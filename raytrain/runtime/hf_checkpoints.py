@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from raytrain import events
+from raytrain.checkpoints import hf_content
 from raytrain.checkpoints import marker as markers
 from raytrain.checkpoints.marker import Marker
 from raytrain.runtime import checkpoint
 
 # A file of one rank: DeepSpeed's per-rank ZeRO state (bf16_ prefix with bf16), the Trainer's per-rank RNG state.
 RANK_FILES = (re.compile(r"(?:^|_)zero_pp_rank_(\d+)_"), re.compile(r"^rng_state_(\d+)\.pth$"))
-TRAINER_FILE = "raytrain_trainer.json"  # rank 0: the saving run's micro batch, gradient accumulation, world size
+TRAINER_FILE = hf_content.TRAINER_BATCH
 
 
 def owner(relative: str) -> int:
@@ -125,10 +126,7 @@ def prepare_resume(
     saved = markers.read_or_none(restore_from)
     if saved is None:
         return Resume(restore_from, restore_from)
-    try:
-        batch = json.loads((Path(restore_from) / TRAINER_FILE).read_text())
-    except (OSError, ValueError):
-        batch = None
+    batch = hf_content.saved_trainer_batch(restore_from)
     universal = None
     if config is not None:
         universal = checkpoint.reshard_if_needed(
@@ -187,21 +185,11 @@ def trainer_folder(
 
 
 def check_batch(resume: Resume, *, micro: int, grad_accum: int, world_size: int) -> None:
-    """A resharded Trainer run must keep the saving run's global batch: the Trainer counts its data position in
-    optimizer steps (it skips ``global_step x grad_accum`` batches per rank), so another global batch would
-    skip a different number of samples. Refused with the gradient accumulation that keeps it."""
-    saved = resume.batch
-    if not saved or resume.saved_world_size in (None, world_size):
+    """A resharded Trainer run keeps the saving run's global batch (hf_content.trainer_batch_refusal; the CLI
+    asks the same before submitting where it sees the checkpoint)."""
+    if resume.saved_world_size in (None, world_size):
         return
-    before = int(saved["micro"]) * int(saved["grad_accum"]) * int(saved["world_size"])
-    now = micro * grad_accum * world_size
-    if before == now:
-        return
-    fits = before % (micro * world_size) == 0
-    way = (f"--grad-accum {before // (micro * world_size)} (the Trainer's --gradient_accumulation_steps)" if fits
-           else f"--workers {saved['world_size']}")
-    raise RuntimeError(
-        f"raytrain: checkpoint {resume.source} was saved with a global batch of {before} ({saved['world_size']} "
-        f"workers x micro {saved['micro']} x grad-accum {saved['grad_accum']}); this run's is {now} ({world_size} x "
-        f"{micro} x {grad_accum}), and the Trainer counts its data position in steps: keep the global batch with {way}"
-    )
+    refused = hf_content.trainer_batch_refusal(resume.batch, resume.source, micro=micro, grad_accum=grad_accum,
+                                               world_size=world_size)
+    if refused:
+        raise RuntimeError(f"raytrain: {refused[1]}")

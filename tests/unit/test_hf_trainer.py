@@ -361,6 +361,31 @@ def test_a_resharded_trainer_run_must_keep_the_global_batch(tmp_path):
         check_batch(resume, micro=3, grad_accum=1, world_size=1)
 
 
+
+def test_cli_refuses_a_resharded_resume_that_changes_the_global_batch_before_submitting(raytrain_home, tmp_path):
+    # a complete Trainer checkpoint saved by 2 workers (micro 2, accum 1: global batch 4) resumed on 1 worker:
+    # micro 2 x accum 1 is refused by the dry run (exit 2, naming the --grad-accum that keeps the batch), as the
+    # workers would refuse it after starting; micro 2 x accum 2 passes
+    from raytrain.checkpoints import marker as markers
+
+    ckpt = tmp_path / "run" / "checkpoint_000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    (ckpt / "raytrain_trainer.json").write_text(json.dumps({"micro": 2, "grad_accum": 1, "world_size": 2}))
+    for rank in (0, 1):
+        (ckpt / f"rng_state_{rank}.pth").write_bytes(b"x")
+        markers.write(ckpt, markers.Marker(rank=rank, world_size=2, step=8, tag="global_step8", time=1.0,
+                                           metrics={}, files={f"rng_state_{rank}.pth": 1}))
+    base = ["submit", str(HF), "--workers", "1", "--micro-batch", "2", "--resume", str(ckpt), "--dry-run"]
+    r = CliRunner().invoke(main, [*base, "--grad-accum", "1"])
+    assert r.exit_code == 2, r.output
+    assert (f"--resume {ckpt}: checkpoint {ckpt} was saved with a global batch of 4 (2 workers x micro 2 x "
+            "grad-accum 1); this run's is 2 (1 x 2 x 1)") in r.stderr, r.stderr
+    assert "keep the global batch with --grad-accum 2 (the Trainer's --gradient_accumulation_steps)" in r.stderr
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(main, [*base, "--grad-accum", "2"])
+    assert r.exit_code == 0, r.output
+
 def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, monkeypatch):
     # a real Trainer (one CPU process) saves checkpoint-2; a new Trainer inside trainer_hooks(restore_from=...)
     # whose script calls train() with no resume argument continues at step 3: global_step does not restart at 0
