@@ -20,6 +20,12 @@ def default_storage() -> Path:
     return home() / "runs"
 
 
+def job_code_root() -> Path:
+    """Where jobs on the local cluster run from: a copy of each job's folder (targets/local.py), removed by
+    the job's driver when it ends and all at once by ``cluster down``."""
+    return home() / "job-code"
+
+
 def _foreign_entry(root: Path) -> tuple[str, int] | None:
     """The first file or folder under ``root`` (symlinks not followed) that another user owns, if any."""
     me = os.getuid()

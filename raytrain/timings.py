@@ -29,6 +29,7 @@ PHASES: list[tuple[str, str, str]] = [
     ("preflight", "controller", "every worker can reach rank 0"),
     ("process_group", "controller", "torch.distributed process group formed"),
     ("worker_process", "worker", "a worker process started"),
+    ("early_imports", "worker", "torch and deepspeed imported in the background, from the process start"),
     ("train_fn", "worker", "the train function started on a worker"),
     ("imports", "worker", "torch and deepspeed imported"),
     ("engine_built", "worker", "DeepSpeed engine built (and restored)"),

@@ -133,7 +133,10 @@ def _print_dry_run(request, as_json: bool) -> None:
     click.echo(f"entrypoint  {request.entrypoint}")
     if request.upload:
         u = request.upload
-        click.echo(f"upload      {u['folder']}: {u['files']} files, {u['size']}")
+        if u.get("copied_to"):  # the local cluster reads this file system: a copy, no upload
+            click.echo(f"job code    {u['folder']}: {u['files']} files, {u['size']}, copied to {u['copied_to']}")
+        else:
+            click.echo(f"upload      {u['folder']}: {u['files']} files, {u['size']}")
     click.echo(
         f"scaling     {plan.scaling.workers_label} worker(s) x {plan.scaling.resources_per_worker}"
         f"{' (GPU)' if plan.scaling.use_gpu else ' (CPU, gloo)'}"

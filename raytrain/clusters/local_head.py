@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -218,4 +219,5 @@ def down() -> LocalCluster | None:
     if cluster is None:
         return None
     ray_process.stop(cluster.pid, cluster.temp_dir, _record_path())
+    shutil.rmtree(paths.job_code_root(), ignore_errors=True)  # the copies jobs ran from (targets/local.py)
     return cluster

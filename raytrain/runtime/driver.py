@@ -150,6 +150,24 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
     return feeders, None
 
 
+def worker_imports(plan: Plan) -> list[str]:
+    """What the workers import in the background from their start: torch, DeepSpeed, and transformers for a
+    job that uses it (the Trainer, or a job file that imports it)."""
+    modules = ["torch", "deepspeed"]
+    uses_hf = plan.hf_trainer
+    if not uses_hf:
+        import re
+
+        from raytrain.runtime.job_file import find_job_file
+
+        try:
+            text = find_job_file(plan.job_module).read_text(errors="replace")
+        except OSError:
+            text = ""
+        uses_hf = re.search(r"^\s*(import|from)\s+transformers\b", text, re.MULTILINE) is not None
+    return modules + (["transformers"] if uses_hf else [])
+
+
 def read_plan() -> Plan:
     """The plan the CLI resolved, from ``$RAYTRAIN_PLAN`` (missing fields take the Plan's defaults)."""
     return Plan.from_dict(json.loads(os.environ["RAYTRAIN_PLAN"]))
@@ -292,7 +310,7 @@ def main() -> int:
 
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    from raytrain.runtime import torch_backend
+    from raytrain.runtime import early_imports, torch_backend
     from raytrain.runtime.worker import train_loop_per_worker
 
     emit(
@@ -328,6 +346,7 @@ def main() -> int:
             callbacks=[restart_announcer(plan.max_failures)],
             # Ray Train logs every report at INFO; raytrain shows progress itself.
             logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
+            worker_runtime_env=early_imports.worker_runtime_env(worker_imports(plan), scaling.use_gpu),
         ),
     )
     timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included
@@ -356,5 +375,21 @@ def main() -> int:
     return 0
 
 
+def run_from_job_code() -> int:
+    """``main()`` in the job's copy of its folder when the local target made one instead of an upload (as in
+    an unpacked working_dir, the driver's cwd is the job's folder), removed when the driver ends."""
+    code = os.environ.get("RAYTRAIN_JOB_CODE")
+    if not code:
+        return main()
+    os.chdir(code)
+    try:
+        return main()
+    finally:
+        os.chdir("/")
+        import shutil
+
+        shutil.rmtree(code, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_from_job_code())

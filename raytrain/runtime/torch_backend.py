@@ -27,7 +27,11 @@ def lazy_torch_enabled() -> bool:
 
 
 def call(name: str, *args: Any, **kwargs: Any) -> Any:
-    """On a worker: ``ray.train.torch.config.<name>(*args, **kwargs)`` (the import happens here)."""
+    """On a worker: ``ray.train.torch.config.<name>(*args, **kwargs)`` (the import happens here, or has happened
+    in the worker's background imports: raytrain.runtime.early_imports)."""
+    from raytrain.runtime import early_imports
+
+    early_imports.wait()
     return getattr(importlib.import_module(RAY_TORCH), name)(*args, **kwargs)
 
 

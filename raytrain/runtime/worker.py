@@ -2,7 +2,6 @@
 mode, run the file as ``__main__``: raytrain.runtime.script)."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from raytrain.config.plan import Plan
@@ -31,10 +30,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     # DeepSpeed's ZeRO calls torch.distributed APIs that torch 2.13 deprecates, once per step: noise the
     # user cannot act on.
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
-    if not plan.scaling.use_gpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    else:
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    from raytrain.runtime import early_imports
+
+    early_imports.prepare_environment(plan.scaling.use_gpu)
+    imported_at = early_imports.wait()  # torch and deepspeed may be importing since the process started
+    if imported_at is not None:
+        timings.emit("early_imports", imported_at, rank=rank)
     import torch  # noqa: F401
 
     from raytrain.runtime.imports import import_deepspeed

@@ -31,6 +31,17 @@ class Upload:
     files: int = 0
     bytes: int = 0
     largest: list[tuple[int, str]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # every shipped file, relative to root
+
+    def copy_to(self, dest: str | Path) -> Path:
+        """Copy the shipped files (symlinks inside the folder followed, as Ray's zip does) to ``dest``."""
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=False, mode=0o700)
+        for rel in self.paths:
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(self.root) / rel, target)
+        return dest
 
     def summary(self) -> dict:
         return {"folder": self.root, "files": self.files, "bytes": self.bytes, "size": human(self.bytes)}
@@ -122,6 +133,7 @@ def scan(folder: str | Path, excludes: list[str], *, limit: int = UPLOAD_LIMIT_B
     upload.files = len(sizes)
     upload.bytes = sum(s for s, _ in sizes)
     upload.largest = sorted(sizes, reverse=True)[:5]
+    upload.paths = [rel for _, rel in sizes]
     if upload.bytes > limit:
         top = ", ".join(f"{rel} ({human(s)})" for s, rel in upload.largest)
         raise ConfigError(

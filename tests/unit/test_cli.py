@@ -30,8 +30,15 @@ def test_dry_run_json_is_the_exact_request(raytrain_home):
     }
     assert out["entrypoint"].endswith("-m raytrain.runtime.driver")
     env = out["runtime_env"]
-    assert env["working_dir"] == str(JOBS)
-    assert ".env" in env["excludes"] and ".git" in env["excludes"] and "*.pem" in env["excludes"]
+    # the local cluster reads this file system: the job runs from a copy made at submit, nothing is uploaded
+    code = str(raytrain_home / "job-code" / out["submission_id"])
+    assert "working_dir" not in env and out["upload"]["copied_to"] == code
+    assert env["env_vars"]["RAYTRAIN_JOB_CODE"] == code
+    assert env["env_vars"]["PYTHONPATH"] == code + ":${PYTHONPATH}"
+    uploading = json.loads(run("submit", GPT, "--env", "RAYTRAIN_LOCAL_UPLOAD=1", "--dry-run", "--json").output)
+    sent = uploading["runtime_env"]
+    assert sent["working_dir"] == str(JOBS) and "copied_to" not in uploading["upload"]
+    assert ".env" in sent["excludes"] and ".git" in sent["excludes"] and "*.pem" in sent["excludes"]
     shipped = json.loads(env["env_vars"]["RAYTRAIN_PLAN"])
     assert shipped["deepspeed"] == out["deepspeed"]  # workers use exactly the printed config
     assert shipped["job_args"] == ["--steps", "5"]

@@ -61,10 +61,18 @@ def test_the_enclosing_repositorys_gitignore_is_honoured(raytrain_home, tmp_path
     shipped = upload.scan(folder, SECRET_EXCLUDES)
     assert "/model.ckpt" in shipped.excludes and "/scratch" in shipped.excludes
     assert shipped.files == 2  # job.py, keep.py
-    r = dry_run(folder / "job.py", "--json")
+    r = dry_run(folder / "job.py", "--json", "--env", "RAYTRAIN_LOCAL_UPLOAD=1")
     out = json.loads(r.output)
     assert "/model.ckpt" in out["runtime_env"]["excludes"]
     assert out["upload"]["files"] == 2
+    (folder / ".env").write_text("TOKEN=x\n")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "util.py").write_text("y = 2\n")
+    (folder / "linked").symlink_to(folder / "sub")  # a link inside the folder: followed, as Ray's zip does
+    copy = upload.scan(folder, SECRET_EXCLUDES).copy_to(tmp_path / "copy")  # what the local target runs from
+    got = sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file())
+    assert got == ["job.py", "keep.py", "linked/util.py", "sub/util.py"]  # no secrets, nothing ignored
+    assert not (copy / "linked").is_symlink()
 
 
 @pytest.mark.parametrize("rel", [
@@ -86,7 +94,9 @@ def test_dry_run_shows_the_upload_and_a_too_large_one_is_refused(raytrain_home, 
     folder = job_folder(tmp_path / "job")
     (folder / "a.bin").write_bytes(b"0" * 3000)
     (folder / "b.bin").write_bytes(b"0" * 2000)
-    r = dry_run(folder / "job.py")
+    r = dry_run(folder / "job.py")  # the local cluster: copied, not uploaded (the same checks)
+    assert r.exit_code == 0 and f"job code    {folder}: 3 files, 4.9 KiB, copied to " in r.output
+    r = dry_run(folder / "job.py", "--env", "RAYTRAIN_LOCAL_UPLOAD=1")
     assert r.exit_code == 0 and f"upload      {folder}: 3 files, 4.9 KiB" in r.output
     monkeypatch.setattr(upload, "UPLOAD_LIMIT_BYTES", 4000)
     monkeypatch.setattr(upload.scan, "__kwdefaults__", {"limit": 4000})

@@ -1,0 +1,82 @@
+"""Import torch and DeepSpeed on a Ray Train worker while it waits, not after.
+
+From a worker process's start to the train function, Ray Train's controller waits for the other workers to
+start, polls them, runs the preflight and forms the process group; only then did the worker import torch (in
+the process group setup) and DeepSpeed (in the train function), one after the other on the path to step 1.
+The driver gives the workers (and only them: Ray Train's ``worker_runtime_env``) Ray's
+worker process setup hook = ``start``, which imports ``$RAYTRAIN_WORKER_IMPORTS`` (e.g.
+``torch,deepspeed``) in a background thread from the moment the process has connected to Ray.
+
+Thread safety: Python's per-module import locks make a second ``import torch`` wait for the first to finish,
+so the worker never sees a half-imported module; still, raytrain's code calls ``wait()`` before its own first
+torch/DeepSpeed import (the process group setup, the train function), so the two threads never import the
+same package at once. A failed import here is ignored: the train function imports again and reports the error
+as before. ``--env RAYTRAIN_EARLY_IMPORTS=0`` turns this off (bench/start_time.py measures it).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+
+MODULES_ENV = "RAYTRAIN_WORKER_IMPORTS"  # comma-separated, set by the driver on the workers' runtime env
+GPU_ENV = "RAYTRAIN_WORKER_GPU"  # "1": the workers use GPUs (DeepSpeed picks its accelerator at import)
+HOOK = f"{__name__}.start"
+
+_thread: threading.Thread | None = None
+_done_at: list[float] = []  # when the background imports ended (time.time())
+
+
+def enabled() -> bool:
+    return os.environ.get("RAYTRAIN_EARLY_IMPORTS", "1") != "0"
+
+
+def worker_runtime_env(modules: list[str], use_gpu: bool) -> dict:
+    """Ray Train's ``worker_runtime_env``: the hook and what it imports (merged over the job's runtime env)."""
+    if not enabled() or not modules:
+        return {}
+    # Ray turns a job-level ``worker_process_setup_hook`` into this variable at ray.init only; an actor's
+    # runtime env (Ray Train's workers') must carry the variable itself, which every worker process reads.
+    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+
+    return {"env_vars": {WORKER_PROCESS_SETUP_HOOK_ENV_VAR: HOOK, MODULES_ENV: ",".join(modules),
+                         GPU_ENV: "1" if use_gpu else "0"}}
+
+
+def prepare_environment(use_gpu: bool) -> None:
+    """What must be set before torch/DeepSpeed import on a worker (the user's own --env wins)."""
+    if use_gpu:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def _import_all(modules: list[str]) -> None:
+    from raytrain.runtime.imports import import_deepspeed
+
+    for name in modules:
+        try:
+            import_deepspeed() if name == "deepspeed" else importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - the train function imports it again and reports the error
+            return
+    _done_at.append(time.time())
+
+
+def start() -> None:
+    """Ray's worker_process_setup_hook: start the imports in a daemon thread and return at once."""
+    global _thread
+    modules = [m for m in os.environ.get(MODULES_ENV, "").split(",") if m]
+    if not modules or _thread is not None:
+        return
+    prepare_environment(os.environ.get(GPU_ENV) == "1")
+    _thread = threading.Thread(target=_import_all, args=(modules,), daemon=True, name="raytrain-imports")
+    _thread.start()
+
+
+def wait() -> float | None:
+    """Block until the background imports are done (at once when none were started); when they ended, if
+    they all succeeded."""
+    if _thread is not None:
+        _thread.join()
+    return _done_at[0] if _done_at else None
