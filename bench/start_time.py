@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/start_time.py                      # A: raytrain as is; B: RAYTRAIN_LAZY_TORCH=0
     .venv/bin/python bench/start_time.py --rounds 6 --b-env RAYTRAIN_LAZY_TORCH=0 --b-env RAYTRAIN_HIDE_UNUSED_IMPORTS=0
+    .venv/bin/python bench/start_time.py --b-env RAYTRAIN_EARLY_IMPORTS=0 --out bench/results/start_early_imports.json
+    .venv/bin/python bench/start_time.py --b-env RAYTRAIN_LOCAL_UPLOAD=1 --out bench/results/start_no_upload.json
 
 Each round submits the same small job (``jobs/gpt_zero.py``, 2 CPU workers, ZeRO-1, 3 steps) once per side
 (A B A B ...; ``--b-env KEY=VALUE`` is passed to B's ``submit --env``) on the calling environment's local
@@ -9,7 +11,8 @@ cluster (started if down, then stopped) and reads ``jobs status ID --timings --j
 median seconds the phase added ("took") and the median CPU seconds of the process that marked it ("cpu":
 the driver for driver_ready, Ray Train's controller for workers_started..process_group, the slowest worker
 for the worker phases). On a shared, busy machine wall times swing by tens of seconds between runs; the CPU
-column is what to compare there. Writes --out (JSON) and prints a markdown table.
+column is what to compare there. Writes --out (JSON: every run, the medians, and ``cut_buys``: B minus A per
+phase, i.e. what the cut buys) and prints a markdown table.
 """
 from __future__ import annotations
 
@@ -58,6 +61,22 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
+def cut_buys(summary: dict, b_env: list[str]) -> dict:
+    """What the cut B turns off buys: B minus A per phase (medians; positive = A is faster), and at step 1."""
+    a, b = summary.get("A", {}), summary.get("B", {})
+
+    def diff(phase: str, key: str):
+        va, vb = a.get(phase, {}).get(key), b.get(phase, {}).get(key)
+        return round(vb - va, 2) if va is not None and vb is not None else None
+
+    return {
+        "cut_off_in_B": b_env,
+        "first_step_at_s": diff("first_step", "at_s"),
+        "took_s": {phase: diff(phase, "took_s") for phase in a if phase in b},
+        "cpu_s": {phase: diff(phase, "cpu_s") for phase in a if phase in b and diff(phase, "cpu_s") is not None},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4)
@@ -86,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if started:
             bl.cluster_down(env)
     summary = summarise(runs)
-    data = {"machine": bl.machine(), "settings": {**vars(args), "b_env": b_env}, "runs": runs, "summary": summary}
+    data = {"machine": bl.machine(), "settings": {**vars(args), "b_env": b_env}, "runs": runs, "summary": summary,
+            "cut_buys": cut_buys(summary, b_env)}
     out = bl.write_json(args.out, data)
     a, b = summary.get("A", {}), summary.get("B", {})
     rows = []

@@ -181,11 +181,15 @@ def test_secrets_in_the_job_folder_are_never_shipped(cli, tmp_path):
         "    here = os.path.dirname(os.path.abspath(__file__))\n"
         "    shipped = sorted(os.listdir(here))\n"
         "    assert '.env' not in shipped and 'deploy.pem' not in shipped, shipped\n"
+        # the local cluster runs a copy of the folder made at submit, never the folder itself
+        f"    assert here != {str(tmp_path)!r} and os.path.basename(os.path.dirname(here)) == 'job-code', here\n"
         "    ctx.report({'loss': float(VALUE + 1), 'step': 1})\n"
     )
     proc = cli("submit", tmp_path / "job.py", "--workers", "1", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout)["last_metrics"]["loss"] == 42.0  # sibling module shipped and imported
+    out = json.loads(proc.stdout)
+    assert out["last_metrics"]["loss"] == 42.0  # sibling module shipped and imported
+    assert not (Path(cli.env["RAYTRAIN_HOME"]) / "job-code" / out["id"]).exists()  # the driver removed its copy
 
 
 def test_gpus_on_a_cpu_cluster(cli):

@@ -62,3 +62,4 @@ def test_transformers_is_imported_ahead_only_for_jobs_that_use_it(tmp_path, fres
 
     assert driver.worker_imports(plan("plain.py")) == ["torch", "deepspeed"]
     assert driver.worker_imports(plan("hf.py")) == ["torch", "deepspeed", "transformers"]
+

@@ -103,3 +103,11 @@ def test_dry_run_shows_the_upload_and_a_too_large_one_is_refused(raytrain_home, 
     r = dry_run(folder / "job.py")
     assert r.exit_code == 2 and "over raytrain's 3.9 KiB limit" in r.output
     assert r.output.index("a.bin (2.9 KiB)") < r.output.index("b.bin (2.0 KiB)")
+
+
+def test_only_a_request_with_nothing_to_upload_skips_rays_jobs_client():
+    from raytrain.targets.ray_jobs import nothing_to_upload
+
+    assert nothing_to_upload({"env_vars": {"PYTHONPATH": "/copy:${PYTHONPATH}"}})  # the local target's
+    assert not nothing_to_upload({"working_dir": "/jobs", "env_vars": {}})  # --address, RAYTRAIN_LOCAL_UPLOAD=1
+    assert not nothing_to_upload({"py_modules": ["/src/raytrain"]})
