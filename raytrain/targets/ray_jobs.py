@@ -257,7 +257,7 @@ class RayJobsTarget(Target):
         actors = [a for a in self.dashboard.live_actors(ray_job_id) if not a.get("is_detached")]
         return actors, placement.of_job(self.dashboard.placement_groups(), ray_job_id)
 
-    def release(self, info: JobInfo, timeout_s: float = RELEASE_WAIT_S, poll_s: float = 1.0) -> str:
+    def release(self, info: JobInfo, timeout_s: float = RELEASE_WAIT_S, poll_s: float = 0.25) -> str:
         if not info.ray_job_id:
             return ""  # the driver never started: it placed nothing
         deadline = time.monotonic() + timeout_s
