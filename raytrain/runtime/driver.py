@@ -356,25 +356,7 @@ def main() -> int:
     return 0
 
 
-def exit_without_finalizing(code: int) -> None:
-    """End the driver as a normal exit would (non-daemon threads joined, every atexit handler run: Ray's
-    shutdown, logging's flush), then skip the interpreter's finalization: with Ray loaded, tearing down its
-    modules and C++ objects took 2.4 s on 2 cores after everything was said and done, and the job is not
-    SUCCEEDED, nor does `submit` return, until the process is gone."""
-    import atexit
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    from raytrain.runtime.process_exit import exit_without_finalizing
+
     exit_without_finalizing(main())

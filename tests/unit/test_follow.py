@@ -97,7 +97,7 @@ def test_the_driver_exits_with_its_code_after_its_threads_and_exit_handlers(tmp_
     done = tmp_path / "done"
     script = (
         "import atexit, sys, threading, time\n"
-        "from raytrain.runtime.driver import exit_without_finalizing\n"
+        "from raytrain.runtime.process_exit import exit_without_finalizing\n"
         f"atexit.register(lambda: open({str(done)!r}, 'a').write('atexit\\n'))\n"
         f"threading.Thread(target=lambda: (time.sleep(0.3), open({str(done)!r}, 'a').write('thread\\n'))).start()\n"
         "sys.stdout.write('unflushed')\n"
