@@ -392,4 +392,6 @@ def run_from_job_code() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_from_job_code())
+    from raytrain.runtime.process_exit import exit_without_finalizing
+
+    exit_without_finalizing(run_from_job_code())

@@ -131,4 +131,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from raytrain.runtime.process_exit import exit_without_finalizing
+
+    exit_without_finalizing(main())

@@ -226,7 +226,7 @@ class Target(abc.ABC):
         info = self.status(job_id, with_facts=False)
         deadline = time.monotonic() + timeout_s
         while wait and not info.state.terminal and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.2)  # one status read; a stopped driver is gone within a second or two
             info = self.status(job_id, with_facts=False)
         return info
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -28,6 +29,30 @@ from raytrain.targets.base import (
 )
 
 METADATA_KEY = "raytrain"
+
+
+class LastWord:
+    """What a job's log tail has delivered, and whether the driver has printed its last event (finished,
+    error, capacity, invalid): after it the driver only exits."""
+
+    LAST = (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID)
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.partial = ""
+        self.said = False
+
+    def add(self, chunk: str) -> None:
+        self.text.append(chunk)
+        *lines, self.partial = (self.partial + chunk).split("\n")
+        for line in lines:
+            event = events.parse_line(line)
+            if event and event["event"] in self.LAST and not line.startswith("("):  # the driver's, not a worker's
+                self.said = True
+
+    def rest_of(self, full: str) -> str:
+        """What of the job's ``full`` log the tail has not delivered yet."""
+        return full[len("".join(self.text)):]  # the tail reads the same file from its start
 
 
 def with_default_storage(plan: Plan, default: str | None) -> Plan:
@@ -208,14 +233,42 @@ class RayJobsTarget(Target):
     def logs(self, job_id: str) -> str:
         return self._call("job logs", self.client.get_job_logs, job_id)
 
-    def follow(self, job_id: str, on_text: Callable[[str], None]) -> None:
+    def follow(self, job_id: str, on_text: Callable[[str], None], end_poll_s: float = 0.2) -> None:
+        """Stream the job's log until the job has ended. Ray's log tail only ends 2-3 s after the job (it
+        sleeps 1 s at every end of file, then once more after seeing the job end): once the driver has
+        printed its last event, the job's status is polled instead, and the log's rest read in one piece as
+        soon as the job has ended."""
         self._call("job status", self.client.get_job_info, job_id)  # a clear error for an unknown id
+        seen = LastWord()
 
         async def tail() -> None:
             async for chunk in self.client.tail_job_logs(job_id):
+                seen.add(chunk)
                 on_text(chunk)
 
-        asyncio.run(tail())
+        async def ended() -> None:
+            try:
+                while not seen.said:
+                    await asyncio.sleep(end_poll_s)
+                while not (await asyncio.to_thread(self.client.get_job_status, job_id)).is_terminal():
+                    await asyncio.sleep(end_poll_s)
+            except Exception:  # the status cannot be read: the tail alone says when the job has ended
+                await asyncio.Future()
+
+        async def both() -> bool:
+            """Whether the job ended before the tail did (the log's rest is still to be read)."""
+            tailing, ending = asyncio.ensure_future(tail()), asyncio.ensure_future(ended())
+            await asyncio.wait([tailing, ending], return_when=asyncio.FIRST_COMPLETED)
+            cut = not tailing.done()
+            for task in (tailing, ending):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task  # the tail's own errors come out here
+            return cut
+
+        rest = seen.rest_of(self.logs(job_id)) if asyncio.run(both()) else ""
+        if rest:
+            on_text(rest)
 
     def stop(self, job_id: str) -> bool:
         return bool(self._call("job stop", self.client.stop_job, job_id))
@@ -226,7 +279,7 @@ class RayJobsTarget(Target):
         actors = [a for a in self.dashboard.live_actors(ray_job_id) if not a.get("is_detached")]
         return actors, placement.of_job(self.dashboard.placement_groups(), ray_job_id)
 
-    def release(self, info: JobInfo, timeout_s: float = RELEASE_WAIT_S, poll_s: float = 1.0) -> str:
+    def release(self, info: JobInfo, timeout_s: float = RELEASE_WAIT_S, poll_s: float = 0.25) -> str:
         if not info.ray_job_id:
             return ""  # the driver never started: it placed nothing
         deadline = time.monotonic() + timeout_s

@@ -31,14 +31,17 @@ def gpt_baseline(e2e_env, tmp_path_factory):
     return info, e2e_env.facts(info["id"]), probe
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
+@pytest.fixture(scope="module")
+def mlflow_starting(tmp_path_factory):
     """A real `mlflow server` (the test extra's full mlflow) on loopback, on a port free at run time, with its
-    own SQLite store; stopped after the test."""
+    own SQLite store; stopped after the module. Started before the module's baseline run (ask for it first)
+    so that its start-up (imports, the new store's migrations: 10-20 s on 2 cores) overlaps that run; calling
+    the fixture's value waits until the server answers and gives its URI."""
     import socket
     import subprocess
     import urllib.request
 
+    tmp_path = tmp_path_factory.mktemp("mlflow")
     mlflow = Path(sys.executable).parent / "mlflow"
     assert mlflow.exists(), f"{mlflow}: the test extra's mlflow is not installed (scripts/install.sh)"
     with socket.socket() as s:
@@ -51,17 +54,20 @@ def mlflow_server(tmp_path):
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     uri = f"http://127.0.0.1:{port}"
-    try:
+
+    def ready() -> str:
         deadline = time.monotonic() + 240
         while True:
             try:
                 urllib.request.urlopen(f"{uri}/health", timeout=2)
-                break
+                return uri
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, (
                     "mlflow server did not start: " + (tmp_path / "mlflow-server.log").read_text()[-3000:])
                 time.sleep(1)
-        yield uri
+
+    try:
+        yield ready
     finally:
         import os
         import signal
@@ -75,7 +81,14 @@ def mlflow_server(tmp_path):
         log.close()
 
 
-def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline, mlflow_server, tmp_path):
+@pytest.fixture
+def mlflow_server(mlflow_starting):
+    """The URI of the module's mlflow server, once it answers."""
+    return mlflow_starting()
+
+
+def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, mlflow_starting, gpt_baseline,
+                                                                          mlflow_server, tmp_path):
     base_info, base, _ = gpt_baseline
     assert base.checkpoints == [4, 8, 10]  # every 4 steps and at the end
     info = submit_json(cli, JOBS / "gpt_zero.py",

@@ -1,0 +1,110 @@
+"""Following a Ray job's log (`submit`, `jobs logs --follow`) ends as soon as the job has ended, with every
+line of its log delivered once: Ray's own tail only ends 2-3 s later (it sleeps 1 s at each end of file)."""
+import asyncio
+import os
+import time
+
+from raytrain.targets.ray_jobs import LastWord, RayJobsTarget
+
+STARTED = '@@raytrain {"event":"started","name":"cnn"}\n'
+WORKER_ERROR = '(RayTrainWorker pid=7) @@raytrain {"event":"error","type":"X","rank":1,"message":"m"}\n'
+FINISHED = '@@raytrain {"event":"finished","metrics":null}\n'
+AFTER = "written after the last event, before the driver exited\n"
+
+
+class Status:
+    def __init__(self, terminal):
+        self.terminal = terminal
+
+    def is_terminal(self):
+        return self.terminal
+
+
+class FakeJobs:
+    """Ray's JobSubmissionClient as it behaves: the job ends ``exit_s`` after printing its last chunk; the
+    tail goes on for ``tail_after_s`` after the job has ended before it stops."""
+
+    def __init__(self, chunks, *, exit_s=0.3, tail_after_s=30.0, tail_gets_rest=False):
+        self.chunks, self.exit_s, self.tail_after_s, self.tail_gets_rest = chunks, exit_s, tail_after_s, tail_gets_rest
+        self.ended_at = None
+
+    def get_job_info(self, job_id):
+        return Status(False)
+
+    def get_job_status(self, job_id):
+        return Status(self.ended_at is not None and time.monotonic() >= self.ended_at)
+
+    def get_job_logs(self, job_id):
+        return "".join(self.chunks) + AFTER
+
+    async def tail_job_logs(self, job_id):
+        for chunk in self.chunks:
+            yield chunk
+            await asyncio.sleep(0.01)
+        self.ended_at = time.monotonic() + self.exit_s
+        if self.tail_gets_rest:
+            yield AFTER
+        await asyncio.sleep(self.tail_after_s)
+
+
+def follow(fake, **kw):
+    target = RayJobsTarget("http://127.0.0.1:1", token="")
+    target._client = fake
+    seen = []
+    start = time.monotonic()
+    target.follow("job", seen.append, **kw)
+    return "".join(seen), time.monotonic() - start
+
+
+def test_following_ends_when_the_job_has_ended_not_when_rays_tail_does():
+    out, took = follow(FakeJobs([STARTED, "step 1\n", FINISHED]), end_poll_s=0.02)
+    assert out == STARTED + "step 1\n" + FINISHED + AFTER  # the rest read once the job ended, nothing twice
+    assert took < 10  # the fake tail would have gone on for 30 s
+
+
+def test_a_line_the_tail_already_gave_is_not_given_again():
+    out, _ = follow(FakeJobs([STARTED, FINISHED], tail_gets_rest=True), end_poll_s=0.02)
+    assert out == STARTED + FINISHED + AFTER
+
+
+def test_without_the_drivers_last_event_the_tail_alone_decides():
+    """A worker's error event, or a driver killed before its last word: followed until Ray's tail ends."""
+    out, took = follow(FakeJobs([STARTED, WORKER_ERROR], tail_after_s=0.5), end_poll_s=0.02)
+    assert out == STARTED + WORKER_ERROR and took >= 0.5
+
+
+def test_the_last_word_is_seen_across_chunks_and_only_from_the_driver():
+    seen = LastWord()
+    seen.add(STARTED + WORKER_ERROR + FINISHED[:20])
+    assert not seen.said
+    seen.add(FINISHED[20:])
+    assert seen.said
+    for kind in ("error", "capacity", "invalid"):
+        word = LastWord()
+        word.add(f'@@raytrain {{"event":"{kind}","message":"m"}}\n')
+        assert word.said, kind
+    assert seen.rest_of(STARTED + WORKER_ERROR + FINISHED + AFTER) == AFTER
+
+
+def test_the_driver_exits_with_its_code_after_its_threads_and_exit_handlers(tmp_path):
+    """The driver skips only the interpreter's finalization (2.4 s with Ray loaded): its non-daemon threads
+    end, every atexit handler runs (Ray's shutdown among them), its output is flushed, the code is kept."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = tmp_path / "done"
+    script = (
+        "import atexit, sys, threading, time\n"
+        "from raytrain.runtime.process_exit import exit_without_finalizing\n"
+        f"atexit.register(lambda: open({str(done)!r}, 'a').write('atexit\\n'))\n"
+        f"threading.Thread(target=lambda: (time.sleep(0.3), open({str(done)!r}, 'a').write('thread\\n'))).start()\n"
+        "sys.stdout.write('unflushed')\n"
+        "exit_without_finalizing(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "unflushed"
+    assert done.read_text() == "thread\natexit\n"
