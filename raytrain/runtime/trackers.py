@@ -77,12 +77,32 @@ class TensorBoard:
     def __init__(self, state: dict, *, run_dir: Path, run_name: str, plan: Any, params: dict):
         from torch.utils.tensorboard import SummaryWriter
 
+        restart = "dir" in state
         state.setdefault("dir", str(run_dir / "tensorboard"))
+        if restart:  # a step the event file took just before the worker died may be missing from the state
+            state["last_step"] = max(state.get("last_step", 0), self.last_logged_step(Path(state["dir"])))
         self.writer = SummaryWriter(log_dir=state["dir"])
         if not state.get("params_logged"):
             self.writer.add_text("raytrain/params", "\n".join(f"    {k} = {v}" for k, v in sorted(params.items())))
             self.writer.add_text("raytrain/deepspeed", "    " + json.dumps(plan.deepspeed, indent=2).replace("\n", "\n    "))
             state["params_logged"] = True
+
+    @staticmethod
+    def last_logged_step(folder: Path) -> int:
+        """The highest step any scalar in the folder's event files holds (a torn last record ends a file)."""
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+        last = 0
+        for path in sorted(folder.glob("events.out.tfevents.*")):
+            try:
+                for event in EventFileLoader(str(path)).Load():
+                    if event.HasField("summary") and any(v.HasField("simple_value") or v.HasField("tensor")
+                                                         for v in event.summary.value
+                                                         if v.metadata.plugin_data.plugin_name in ("", "scalars")):
+                        last = max(last, int(event.step))
+            except Exception:  # noqa: BLE001 - an unreadable file holds nothing we can count on
+                continue
+        return last
 
     def log(self, values: dict[str, float], step: int) -> None:
         for key, value in values.items():
@@ -315,7 +335,11 @@ def end_mlflow(state: dict, outcome: str, **_: Any) -> None:
 def end_wandb(state: dict, outcome: str, *, plan: Any, run_dir: Path, run_name: str) -> None:
     import wandb
 
-    run = wandb.init(project=plan.name, name=run_name, id=state["id"], resume="allow", dir=str(run_dir / "wandb"),
+    # its own folder: W&B names a run's folder by the second it starts, and a driver ending the run in the
+    # second its last worker died would write into (and clobber) that worker's offline run files
+    folder = run_dir / "wandb" / "driver"
+    folder.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project=plan.name, name=run_name, id=state["id"], resume="allow", dir=str(folder),
                      reinit="create_new")
     run.finish(exit_code=ENDINGS[outcome][1])
 

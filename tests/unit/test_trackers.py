@@ -234,3 +234,21 @@ def test_a_step_mlflow_took_just_before_the_worker_died_is_not_logged_again(tmp_
     t.finish({"steps": 6})
     steps = [m.step for m in client.get_metric_history(only.info.run_id, "loss")]
     assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps
+
+
+def test_a_step_tensorboard_took_just_before_the_worker_died_is_not_logged_again(tmp_path):
+    # CI saw it: rank 0 was killed after the event file took step 6 and before trackers.json said so, and the
+    # restart (redoing steps 5-6 from the step-4 checkpoint) wrote step 6 a second time
+    p = plan(tmp_path, ["tensorboard"])
+    run_attempt(p, range(1, 7)).flush()
+    state_file = tmp_path / "run-1" / "raytrain" / "trackers.json"
+    state = json.loads(state_file.read_text())
+    assert state["tensorboard"]["last_step"] == 6
+    state["tensorboard"]["last_step"] = 5  # the kill window: the event file holds step 6, the state says 5
+    state_file.write_text(json.dumps(state))
+    t = run_attempt(p, range(5, 11))
+    t.finish({"steps": 10})
+    loss = scalars(tmp_path / "run-1" / "tensorboard", "loss")
+    assert [s for s, _ in loss] == list(range(1, 11)), loss
+    assert trackers.TensorBoard.last_logged_step(tmp_path / "run-1" / "tensorboard") == 10
+    assert trackers.TensorBoard.last_logged_step(tmp_path / "nothing-here") == 0
