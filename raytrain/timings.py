@@ -54,12 +54,12 @@ def process_start_time(pid: int | str = "self") -> float | None:
     since_boot = process_started_since_boot(pid)
     if since_boot is None:
         return None
+    # now, less how long ago it started on the boot clock: /proc/stat's btime is whole seconds (a start put up
+    # to 1 s early) and moves when the wall clock is stepped
     try:
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    except (AttributeError, OSError):
         return None
-    return btime + since_boot
 
 
 # The client's marks in this process (the CLI marks "command"; api marks the rest).

@@ -121,13 +121,46 @@ def make_config(*, timeout_s: float, interface: str | None) -> Any:
     return LazyTorchConfig(timeout_s=int(timeout_s), interface=interface)
 
 
-def trainer(train_fn, *, backend_config_args: dict, **kwargs: Any) -> Any:
-    """Ray Train's trainer for raytrain's workers: DataParallelTrainer with the torch-free backend, or (with
-    ``RAYTRAIN_LAZY_TORCH=0``) Ray's TorchTrainer with its own backend; both run the preflight first."""
-    if lazy_torch_enabled():
+# Ray Train's default callbacks that raytrain's jobs do without, each one more actor process (a Python start
+# on the node, in the seconds before step 1) and worker round trips:
+# - DatasetsCallback: a DatasetManager actor and Ray Data's context sent to every worker, also for a trainer
+#   given no datasets (raytrain never gives one: ``--data`` streams through its own Feeder actor);
+# - PlacementGroupCleanerCallback, where RAYTRAIN_PG_CLEANER=0 (the local target sets it): a detached actor per
+#   run that removes the workers' placement group if the controller dies; on the local cluster the driver
+#   removes the groups an ended job leaked before it places its own (runtime/placement_watch.py).
+# ``RAYTRAIN_LEAN_TRAINER=0`` keeps them all (bench/start_time.py measures what dropping them buys).
+def dropped_callbacks(datasets: dict | None) -> set[str]:
+    if os.environ.get("RAYTRAIN_LEAN_TRAINER", "1") == "0":
+        return set()
+    names = set() if datasets else {"DatasetsCallback"}
+    if os.environ.get("RAYTRAIN_PG_CLEANER", "1") == "0":
+        names.add("PlacementGroupCleanerCallback")
+    return names
+
+
+_LEAN: list[type] = []
+
+
+def lean_trainer_class() -> type:
+    """DataParallelTrainer less the default callbacks ``dropped_callbacks`` names."""
+    if not _LEAN:
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-        return DataParallelTrainer(train_fn, backend_config=make_config(**backend_config_args), **kwargs)
+        class LeanDataParallelTrainer(DataParallelTrainer):
+            def _create_default_callbacks(self):
+                drop = dropped_callbacks(self.datasets)
+                return [c for c in super()._create_default_callbacks() if type(c).__name__ not in drop]
+
+        _LEAN.append(LeanDataParallelTrainer)
+    return _LEAN[0]
+
+
+def trainer(train_fn, *, backend_config_args: dict, **kwargs: Any) -> Any:
+    """Ray Train's trainer for raytrain's workers: DataParallelTrainer with the torch-free backend (less the
+    callbacks raytrain does without), or (with ``RAYTRAIN_LAZY_TORCH=0``) Ray's TorchTrainer with its own
+    backend; both run the preflight first."""
+    if lazy_torch_enabled():
+        return lean_trainer_class()(train_fn, backend_config=make_config(**backend_config_args), **kwargs)
     from ray.train.torch import TorchTrainer
 
     from raytrain.runtime.preflight import torch_config

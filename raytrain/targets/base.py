@@ -72,6 +72,9 @@ LOCAL_RUNTIME_ENV_VARS = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     # Ray Train's Prometheus metrics: the local head does not collect metrics (clusters/ray_process.py).
     "RAY_TRAIN_METRICS_ENABLED": "0",
+    # Ray Train's placement-group cleaner, a detached actor process per run: on the local cluster the driver
+    # removes the groups an ended job leaked (runtime/torch_backend.py dropped_callbacks).
+    "RAYTRAIN_PG_CLEANER": "0",
 }
 
 
