@@ -64,3 +64,32 @@ def test_switch(monkeypatch, value, lazy):
     else:
         monkeypatch.setenv("RAYTRAIN_LAZY_TORCH", value)
     assert torch_backend.lazy_torch_enabled() is lazy
+
+
+def _default_callback_names(datasets=None):
+    from ray.train import ScalingConfig
+
+    trainer = torch_backend.trainer(lambda config: None, backend_config_args={"timeout_s": 60.0, "interface": None},
+                                    scaling_config=ScalingConfig(num_workers=2), datasets=datasets)
+    return {type(c).__name__ for c in trainer._create_default_callbacks()}
+
+
+def test_the_trainer_leaves_out_the_callbacks_raytrain_does_without(monkeypatch):
+    monkeypatch.delenv("RAYTRAIN_LEAN_TRAINER", raising=False)
+    monkeypatch.delenv("RAYTRAIN_PG_CLEANER", raising=False)
+    names = _default_callback_names()
+    assert "DatasetsCallback" not in names  # no datasets: no DatasetManager actor, no Ray Data context sent
+    assert {"BackendSetupCallback", "PlacementGroupCleanerCallback"} <= names, names
+    monkeypatch.setenv("RAYTRAIN_PG_CLEANER", "0")  # what the local target sets
+    assert "PlacementGroupCleanerCallback" not in _default_callback_names()
+    import ray.data
+
+    assert "DatasetsCallback" in _default_callback_names({"train": ray.data.range(4)})  # given datasets: kept
+    monkeypatch.setenv("RAYTRAIN_LEAN_TRAINER", "0")
+    assert {"DatasetsCallback", "PlacementGroupCleanerCallback"} <= _default_callback_names()
+
+
+def test_the_local_target_turns_the_placement_group_cleaner_off():
+    from raytrain.targets.base import LOCAL_RUNTIME_ENV_VARS, RUNTIME_ENV_VARS
+
+    assert LOCAL_RUNTIME_ENV_VARS["RAYTRAIN_PG_CLEANER"] == "0" and "RAYTRAIN_PG_CLEANER" not in RUNTIME_ENV_VARS
