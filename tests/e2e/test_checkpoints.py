@@ -87,6 +87,23 @@ def mlflow_server(mlflow_starting):
     return mlflow_starting()
 
 
+def assert_same_weights(cli, run, base_run, tmp_path):
+    """Both runs' last checkpoints, exported (the fp32 weights), are equal to the rounding noted above."""
+    import torch
+
+    exported = []
+    for job in (run, base_run):
+        out = tmp_path / f"{job}.pt"
+        assert json.loads(cli("export", job, "--out", out, "--json", check=True).stdout)["step"] == 10
+        exported.append(torch.load(out))
+    mine, theirs = exported
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=2e-4, msg=key)
+    apart = sum(int(((mine[k] - theirs[k]).abs() > 1e-6).sum()) for k in mine)
+    assert apart < 0.01 * sum(t.numel() for t in mine.values()), apart  # all but a few equal to rounding
+
+
 def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, mlflow_starting, gpt_baseline,
                                                                           mlflow_server, tmp_path):
     base_info, base, _ = gpt_baseline
@@ -99,8 +116,14 @@ def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, 
     assert info["state"] == "succeeded" and info["restarts"] == 1
     steps = [m["step"] for m in facts.metrics]
     assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10]  # steps 5-6 redone from the step-4 checkpoint
-    assert facts.losses[-1] == base.losses[-1]  # bit for bit
-    assert facts.losses[-4:] == base.losses[-4:]
+    # The same result, to the rounding of these CPUs' kernels: two uninterrupted runs of this job are not
+    # always bit-identical (4 baselines here: 1 reported losses 1 ulp apart at steps 3, 5, 7 and 8, and a
+    # restarted run's step-4 weights, before its restart, differed from a baseline's by 1e-7, up to 6.5e-5 in the
+    # attention biases whose gradients are ~0, where Adam's m/sqrt(v) turns rounding noise into whole steps).
+    # A restore that lost state (Adam's moments, the step count, the data position) moves the losses at 1e-4
+    # and most weights by 1e-3.
+    assert facts.losses[-4:] == pytest.approx(base.losses[-4:], rel=1e-6, abs=0)
+    assert_same_weights(cli, info["id"], base_info["id"], tmp_path)
     check_trackers(info["id"], Path(cli.env["RAYTRAIN_HOME"]) / "runs" / info["id"], mlflow_server, facts)
     check_metrics_and_plots(cli, info["id"], base_info["id"], tmp_path)
 
