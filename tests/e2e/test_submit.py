@@ -154,7 +154,7 @@ def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_
 
     holder = _sleepy(cli)
     _until("the holder's workers are placed", lambda: _placed(cli, holder))
-    waiter = _sleepy(cli, "--start-timeout", "15", seconds="1")
+    waiter = _sleepy(cli, "--start-timeout", "30", seconds="1")
     shown = _until("the second job is pending, saying what it waits for",
                    lambda: (lambda out: out if "waiting " in out else None)(
                        cli("jobs", "status", waiter, check=True).stdout))
@@ -162,7 +162,7 @@ def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_
     info = _until("the waiting job gives up", lambda: (lambda i: i if i["state"] != "pending" else None)(
         cli.json("jobs", "status", waiter)), timeout=180)
     assert info["state"] == "failed" and info["error"]["type"] == "StartTimeout", info
-    assert f"within 15 s (--start-timeout): waiting for 2 CPU; 2 CPU held by job {holder}" in info["error"]["message"]
+    assert f"within 30 s (--start-timeout): waiting for 2 CPU; 2 CPU held by job {holder}" in info["error"]["message"]
 
     down = cli("cluster", "down")  # no terminal to ask on: refused while the holder runs
     assert down.returncode == 2 and holder in down.stdout and "give --force" in down.stderr, down.stdout + down.stderr
