@@ -142,7 +142,7 @@ def _placed(cli, job):
     return '"event":"placed"' in cli("jobs", "logs", job, check=True).stdout
 
 
-def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_up(cli):
+def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_up(cli, request):
     """Stopping a job while its workers start frees them (Ray 2.60 can leak the placement group: `jobs stop`
     waits for it and removes it); a job that waits behind another is pending, names the holder, and gives up
     after --start-timeout; once the holder is stopped a 2-worker job runs to the end."""
@@ -153,6 +153,8 @@ def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_
     assert f"{starting}: stopped; its workers and placement groups are gone" in stopped.stdout
 
     holder = _sleepy(cli)
+    # a failure below must not leave the holder's 2 CPU held: every later test would wait behind it
+    request.addfinalizer(lambda: cli("jobs", "stop", holder, timeout=120))
     _until("the holder's workers are placed", lambda: _placed(cli, holder))
     waiter = _sleepy(cli, "--start-timeout", "30", seconds="1")
     shown = _until("the second job is pending, saying what it waits for",
