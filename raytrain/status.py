@@ -64,10 +64,13 @@ def rayjob_state(status: dict[str, Any] | None) -> JobState:
 
 def job_state(cluster_state: JobState, facts: JobFacts | None = None) -> JobState:
     """The cluster's view refined by the job's log, the same for every target: a running job whose workers
-    restart is RESTARTING; one whose workers are not placed yet (the driver has not asked, or their placement
+    restart is RESTARTING; one whose driver has said why it failed (an error, capacity or invalid event: its
+    last word before it exits) is FAILED; one whose workers are not placed yet (the driver has not asked, or their placement
     group waits for resources: ``facts.waiting``) is PENDING. ``facts`` None: the
     log was not read (or could not be), so the cluster's view stands."""
     if cluster_state is JobState.RUNNING and facts is not None:
+        if facts.error is not None:  # the driver's last word (it exits next): not running while Ray says so
+            return JobState.FAILED
         if facts.restarting:
             return JobState.RESTARTING
         if facts.started is None or facts.waiting is not None:

@@ -1,7 +1,7 @@
 """One mapping from what a cluster says about a job (and what its log says) to a job state, for every target."""
 import pytest
 
-from raytrain.events import RESTARTING, STARTED, JobFacts, format_event
+from raytrain.events import CAPACITY, ERROR, RESTARTING, STARTED, WAITING, JobFacts, format_event
 from raytrain.status import JobState, job_state, ray_job_state, rayjob_state, state_of
 from raytrain.targets.kuberay import RayJobTarget
 
@@ -11,6 +11,10 @@ STARTED_LOG = [SUBMITTED, format_event(STARTED, workers=2)]
 TRAINING = JobFacts.from_lines(STARTED_LOG)
 RESTART = JobFacts.from_lines([*STARTED_LOG, format_event(RESTARTING, attempt=1)])
 RUNNING_RAYJOB = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+# the driver said why it failed and is exiting; Ray still says RUNNING for a moment
+GAVE_UP = JobFacts.from_lines([*STARTED_LOG, format_event(WAITING, message="2 CPU"),
+                               format_event(ERROR, type="StartTimeout", rank=None, message="not within 30 s")])
+NO_ROOM = JobFacts.from_lines([SUBMITTED, format_event(CAPACITY, message="8 CPU asked, 2 on the cluster")])
 
 
 @pytest.mark.parametrize("facts, state", [
@@ -18,6 +22,8 @@ RUNNING_RAYJOB = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
     (NOT_STARTED, JobState.PENDING),
     (TRAINING, JobState.RUNNING),
     (RESTART, JobState.RESTARTING),
+    (GAVE_UP, JobState.FAILED),  # was "running" between the StartTimeout and the driver's exit
+    (NO_ROOM, JobState.FAILED),
 ])
 def test_a_rayjob_and_a_ray_job_map_to_the_same_state(facts, state):
     assert job_state(rayjob_state(RUNNING_RAYJOB), facts) is state
