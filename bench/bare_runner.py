@@ -88,7 +88,7 @@ class BareContext:
 
     def report(self, metrics: dict[str, Any], *, checkpoint: bool | None = None) -> None:
         """The same step accounting as raytrain's ctx.report; the event goes to stdout and nowhere else."""
-        self._reporter.report(metrics, engine_step=getattr(self.engine, "global_steps", None))
+        self._reporter.report(metrics, engine_step=getattr(self.engine, "global_steps", None), engine=self.engine)
 
     def finish(self) -> None:
         self._reporter.finish()

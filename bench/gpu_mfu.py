@@ -131,6 +131,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="steps before measuring (default 5; --tiny 1)")
     p.add_argument("--compile", choices=["off", "on", "both"], default=None,
                    help="torch.compile the model: both = eager then compiled (default on a GPU; off on CPU)")
+    p.add_argument("--fp16-steps", type=int, default=None,
+                   help="then an fp16 run of this many steps (eager): DeepSpeed's dynamic loss scaling with raytrain's "
+                        "fp16 settings, its scale and overflow-skipped steps per step (default 40 on a GPU; fp16 "
+                        "needs one)")
     p.add_argument("--budget-s", type=float, default=285.0,
                    help="skip the compiled variant when less than 150 s of this budget is left (default %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak dense bf16 TFLOP/s (unknown GPUs)")
@@ -148,6 +152,8 @@ def settings(argv: list[str] | None) -> argparse.Namespace:
     a.steps = a.steps or (3 if a.tiny else 30)
     a.warmup = a.warmup if a.warmup is not None else (1 if a.tiny else 5)
     a.compile = a.compile or ("both" if a.device == "cuda" else "off")
+    if a.fp16_steps is None:
+        a.fp16_steps = 40 if a.device == "cuda" else 0
     return a
 
 
@@ -158,12 +164,12 @@ def flops_per_token(model: GPT, a) -> tuple[int, int]:
     return 6 * n + 12 * a.layers * a.heads * (a.hidden // a.heads) * a.seq, n
 
 
-def planner_estimate(model: GPT, a) -> dict:
+def planner_estimate(model: GPT, a, precision: str = "bf16") -> dict:
     from raytrain.planner.memory import Config, estimate
     from raytrain.planner.meta import count_parameters, largest_layer
 
     est = estimate(
-        Config(zero=2, precision="bf16"), params=count_parameters(model), largest_layer=largest_layer(model)[0],
+        Config(zero=2, precision=precision), params=count_parameters(model), largest_layer=largest_layer(model)[0],
         gpus=1, gpus_per_node=1, seq=a.seq, micro_batch=a.micro_batch, layers=a.layers, hidden=a.hidden,
         heads=a.heads, vocab=a.vocab, flash_attention=True,
     )
@@ -171,12 +177,12 @@ def planner_estimate(model: GPT, a) -> dict:
             "activations": est.activations, "buffers": est.buffers}
 
 
-def deepspeed_config(a) -> dict:
-    """The DeepSpeed dict raytrain resolves for --zero 2 --precision bf16 and this batch."""
+def deepspeed_config(a, precision: str = "bf16") -> dict:
+    """The DeepSpeed dict raytrain resolves for --zero 2 --precision PRECISION and this batch."""
     from raytrain.config import Options, resolve
 
     plan = resolve(Options(job=str(Path(__file__).resolve()), script=False, workers=1,
-                           gpus_per_worker=1 if a.device == "cuda" else 0, zero=2, precision="bf16",
+                           gpus_per_worker=1 if a.device == "cuda" else 0, zero=2, precision=precision,
                            micro_batch=a.micro_batch, grad_accum=a.grad_accum))
     return plan.deepspeed
 
@@ -213,8 +219,15 @@ def flash_attention_works(a, device) -> bool:
         return False
 
 
-def run_variant(a, config: dict, compiled: bool) -> dict:
+def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps: int | None = None) -> dict:
+    """One engine, ``a.warmup`` then ``steps`` (default ``a.steps``) timed optimizer steps. On a GPU, raytrain's
+    NVML sampler (the one every GPU worker runs) reads the device's memory meanwhile; an fp16 engine's loss
+    scale and skipped steps are read after every step with the reporter's own ``loss_scaling``."""
     from raytrain.runtime.engine import build_engine
+    from raytrain.runtime.monitor import MemoryMonitor
+    from raytrain.runtime.reporter import loss_scaling
+
+    steps = a.steps if steps is None else steps
 
     device = torch.device("cuda:0" if a.device == "cuda" else "cpu")
     cuda = device.type == "cuda"
@@ -227,7 +240,8 @@ def run_variant(a, config: dict, compiled: bool) -> dict:
     with torch.device(device):
         model = GPT(a.vocab, a.hidden, a.layers, a.heads, a.seq)
     fpt, n_params = flops_per_token(model, a)
-    estimate = planner_estimate(model, a)
+    estimate = planner_estimate(model, a, precision)
+    monitor = MemoryMonitor(interval=0.2, gpu=True).start() if cuda else None
 
     def optimizer(params):
         return torch.optim.AdamW([p for p in params if p.requires_grad], lr=3e-4, fused=cuda)
@@ -262,37 +276,51 @@ def run_variant(a, config: dict, compiled: bool) -> dict:
     if backends is not None:
         backends.__enter__()
     try:
+        scaling: list[dict] = []  # fp16: after each step, the scale and whether the step was applied
+
+        def record(i: int, loss) -> None:
+            state = loss_scaling(engine)
+            if state:
+                scaling.append({"step": i + 1, "loss": round(float(loss) / a.grad_accum, 4), **state})
+
         t = time.perf_counter()
         loss = None
         for i in range(a.warmup):
             loss = step(i)
+            record(i, loss)
         sync()
         warmup_s = time.perf_counter() - t
         if compiled:
             compile_s = round(warmup_s, 1)
         times = []
         t0 = time.perf_counter()
-        for i in range(a.warmup, a.warmup + a.steps):
+        for i in range(a.warmup, a.warmup + steps):
             ts = time.perf_counter()
             loss = step(i)
             sync()
             times.append(time.perf_counter() - ts)
+            if scaling:  # float(loss) syncs: outside the timed part
+                record(i, loss)
         elapsed = time.perf_counter() - t0
     finally:
         if backends is not None:
             backends.__exit__(None, None, None)
-    tokens = a.steps * a.micro_batch * a.grad_accum * a.seq
+    tokens = steps * a.micro_batch * a.grad_accum * a.seq
     tokens_per_s = tokens / elapsed
     if cuda:
         peak_mem = torch.cuda.max_memory_allocated()
+        peak_reserved = torch.cuda.max_memory_reserved()
         memory_kind = "torch.cuda.max_memory_allocated"
     else:
         import resource
 
         peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak_reserved = None
         memory_kind = "process max RSS (CPU)"
+    nvml = monitor.stop() if monitor is not None else None
     result = {
-        "variant": "torch.compile" if compiled else "eager",
+        "variant": ("torch.compile" if compiled else "eager") + (" fp16" if precision == "fp16" else ""),
+        "precision": precision,
         "attention": attention,
         "params": sum(p.numel() for p in model.parameters()),
         "params_for_flops": n_params,
@@ -301,21 +329,38 @@ def run_variant(a, config: dict, compiled: bool) -> dict:
         "warmup_s": round(warmup_s, 2),
         "compile_and_warmup_s": compile_s,
         "step_s_median": sorted(times)[len(times) // 2],
-        "step_s_mean": elapsed / a.steps,
+        "step_s_mean": elapsed / steps,
+        "steps": steps,
         "tokens_per_s": tokens_per_s,
         "model_flops_per_s": fpt * tokens_per_s,
         "final_loss": float(loss) if loss is not None else None,
         "peak_memory_bytes": int(peak_mem),
         "peak_memory_kind": memory_kind,
+        "peak_reserved_bytes": peak_reserved,
+        "nvml": nvml,  # raytrain's sampler: device-wide used (CUDA context and allocator cache included)
         "allocated_at_start_bytes": at_start,
         "planner": estimate,
         "planner_over_measured": round(estimate["allocated"] / peak_mem, 3) if cuda and peak_mem else None,
+        "planner_gpu_total_over_nvml": (round(estimate["gpu_total"] / nvml["gpu_memory_used_peak"], 3)
+                                        if nvml and nvml.get("gpu_memory_used_peak") else None),
+        "loss_scaling": scaling_summary(scaling) if scaling else None,
     }
     del engine, model
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def scaling_summary(scaling: list[dict]) -> dict:
+    """What fp16's dynamic loss scaling did: the scale at the start and end, the steps it skipped (a gradient
+    overflow: the scale halves and the optimizer step is not applied) and the per-step trace."""
+    skipped = scaling[-1]["skipped_steps"] if "skipped_steps" in scaling[-1] else None
+    skipped_at = [s["step"] for prev, s in zip([{"skipped_steps": 0}] + scaling, scaling)
+                  if s.get("skipped_steps", 0) > prev.get("skipped_steps", 0)]
+    return {"first_scale": scaling[0].get("loss_scale"), "last_scale": scaling[-1].get("loss_scale"),
+            "skipped_steps": skipped, "skipped_at": skipped_at, "first_loss": scaling[0]["loss"],
+            "last_loss": scaling[-1]["loss"], "trace": scaling}
 
 
 def size(nbytes: float) -> str:
@@ -340,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
               f"--peak-tflops (the data sheet's dense bf16 tensor TFLOP/s) to get it", file=sys.stderr)
     init_single_rank(a.device)
     config = deepspeed_config(a)
+    from raytrain.nvml import gpu_inventory
+
+    gpus = gpu_inventory() if a.device == "cuda" else []  # what `raytrain gpus` and the capacity check read
     variants = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
     results, notes = [], []
     for compiled in variants:
@@ -356,12 +404,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_mfu: {r['variant']}: {r['tokens_per_s']:,.0f} tokens/s"
               + (f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""), file=sys.stderr, flush=True)
 
+    if a.fp16_steps and a.device != "cuda":
+        notes.append("fp16 variant skipped: DeepSpeed refuses fp16 on CPU (raytrain refuses --precision fp16 "
+                     "without GPU workers)")
+    elif a.fp16_steps:
+        r = run_variant(a, deepspeed_config(a, "fp16"), compiled=False, precision="fp16", steps=a.fp16_steps)
+        r["mfu"] = r["model_flops_per_s"] / peak if peak else None  # fp16 dense peak = bf16's on these GPUs
+        results.append(r)
+        ls = r["loss_scaling"] or {}
+        print(f"gpu_mfu: {r['variant']}: {r['tokens_per_s']:,.0f} tokens/s; loss scale {ls.get('first_scale')} -> "
+              f"{ls.get('last_scale')}, {ls.get('skipped_steps')} step(s) skipped on overflow, loss "
+              f"{ls.get('first_loss')} -> {ls.get('last_loss')}", file=sys.stderr, flush=True)
+
     cpu_note = ("MFU on CPU is not meaningful: there is no peak FLOP/s for a CPU here and this path only "
                 "exercises the code (a tiny model, a few steps)") if a.device == "cpu" else None
     out = {
         "benchmark": "gpu_mfu", "device": name, "peak_bf16_flops": peak,
         "shape": {k: getattr(a, k) for k in ("layers", "hidden", "heads", "vocab", "seq", "micro_batch", "grad_accum")},
-        "steps": a.steps, "warmup": a.warmup, "deepspeed": config,
+        "steps": a.steps, "warmup": a.warmup, "deepspeed": config, "gpus": gpus,
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
         "results": results, "notes": notes + ([cpu_note] if cpu_note else []),
         "duration_s": round(time.monotonic() - started, 1),
@@ -372,16 +432,25 @@ def main(argv: list[str] | None = None) -> int:
 
     p0 = results[0]["params"] if results else 0
     print(f"## GPT {p0 / 1e6:.{0 if p0 >= 1e8 else 2}f}M parameters, seq {a.seq}, micro-batch {a.micro_batch} x grad-accum {a.grad_accum}, "
-          f"bf16, ZeRO-2, on {name}" + (f" (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)" if peak else "") + "\n")
-    print("| variant | attention | step | tokens/s | model TFLOP/s | MFU | peak memory | planner estimate | estimate/measured |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"ZeRO-2, on {name}" + (f" (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)" if peak else "") + "\n")
+    print("| variant | attention | step | tokens/s | model TFLOP/s | MFU | peak memory | planner estimate | "
+          "estimate/measured | NVML peak used | planner GPU total |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else ("n/a (CPU)" if a.device == "cpu" else "n/a (unknown GPU)")
         est = r["planner"]["allocated"]
         print(f"| {r['variant']} | {r['attention']} | {r['step_s_median'] * 1000:.1f} ms | {r['tokens_per_s']:,.0f} | "
               f"{r['model_flops_per_s'] / 1e12:.{1 if a.device == 'cuda' else 4}f} | {mfu} | {size(r['peak_memory_bytes'])}"
               f"{'' if a.device == 'cuda' else ' (RSS)'} | {size(est)} | "
-              f"{r['planner_over_measured'] if r['planner_over_measured'] is not None else 'n/a'} |")
+              f"{r['planner_over_measured'] if r['planner_over_measured'] is not None else 'n/a'} | "
+              f"{size(r['nvml']['gpu_memory_used_peak']) if r['nvml'] and r['nvml'].get('gpu_memory_used_peak') else 'n/a'} | "
+              f"{size(r['planner']['gpu_total'])} |")
+    for r in results:
+        ls = r.get("loss_scaling")
+        if ls:
+            print(f"\n{r['variant']}: dynamic loss scale {ls['first_scale']:g} -> {ls['last_scale']:g}; "
+                  f"{ls['skipped_steps']} of {a.warmup + r['steps']} steps skipped on overflow (at steps "
+                  f"{ls['skipped_at'] or 'none'}); loss {ls['first_loss']} -> {ls['last_loss']}")
     for note in out["notes"]:
         print(f"\nNOTE: {note}")
     print(f"\nFLOPs/token = 6N + 12·L·H·Q·T = {results[0]['flops_per_token'] / 1e9:.3f} GFLOP (N = "

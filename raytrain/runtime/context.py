@@ -286,7 +286,8 @@ class TrainContext:
         ``checkpoint=True`` (every rank must pass the same value).
         """
         clean = self._reporter.report(
-            metrics, engine_step=getattr(self.engine, "global_steps", None), data_wait_s=self._data_wait()
+            metrics, engine_step=getattr(self.engine, "global_steps", None), data_wait_s=self._data_wait(),
+            engine=self.engine,
         )
         if not self._first_step_marked:
             self._first_step_marked = True

@@ -22,6 +22,26 @@ def as_float(value: Any) -> Any:
     return value
 
 
+def loss_scaling(engine: Any) -> dict[str, Any]:
+    """fp16 dynamic loss scaling's state on a DeepSpeed engine: ``loss_scale`` (the current scale) and
+    ``skipped_steps`` (optimizer steps skipped on a gradient overflow so far); empty for an engine without fp16
+    (bf16 and fp32 need no scaling) or anything that is not an engine. Attribute reads only: no sync."""
+    fp16_enabled = getattr(engine, "fp16_enabled", None)
+    try:
+        if not (callable(fp16_enabled) and fp16_enabled()):
+            return {}
+        out: dict[str, Any] = {}
+        skipped = getattr(engine, "skipped_steps", None)
+        if isinstance(skipped, int):
+            out["skipped_steps"] = skipped
+        scale = getattr(getattr(engine, "optimizer", None), "loss_scale", None)  # ZeRO / FP16 optimizers
+        if isinstance(scale, (int, float)):
+            out["loss_scale"] = float(scale)
+        return out
+    except Exception:  # an engine of another DeepSpeed version: the report goes on without these
+        return {}
+
+
 class Reporter:
     """Step accounting and event lines for one worker. ``train_batch``: the global batch (samples per step)."""
 
@@ -95,11 +115,14 @@ class Reporter:
         return clean
 
     def report(
-        self, metrics: dict[str, Any], *, engine_step: int | None = None, data_wait_s: float | None = None
+        self, metrics: dict[str, Any], *, engine_step: int | None = None, data_wait_s: float | None = None,
+        engine: Any = None,
     ) -> dict[str, Any]:
         """One step's report: the metrics event (rank 0) and, at most every 10 s, a memory event. Returns the
-        metrics as emitted."""
+        metrics as emitted. ``engine``: an fp16 engine's loss scale and skipped steps join the metrics."""
         clean = self.step_metrics(metrics, engine_step=engine_step, data_wait_s=data_wait_s)
+        for key, value in loss_scaling(engine).items():
+            clean.setdefault(key, value)
         if self.rank == 0:
             events.emit(events.METRICS, **clean)
             if self.trackers is not None:

@@ -12,13 +12,15 @@ from tests.conftest import ROOT
 
 def test_gpu_mfu_tiny_cpu_path(tmp_path):
     out = tmp_path / "mfu.json"
-    args = [sys.executable, str(ROOT / "bench" / "gpu_mfu.py"), "--device", "cpu", "--tiny", "--out", str(out)]
+    args = [sys.executable, str(ROOT / "bench" / "gpu_mfu.py"), "--device", "cpu", "--tiny", "--fp16-steps", "2", "--out", str(out)]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"gpu_mfu.py exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "MFU on CPU is not meaningful" in proc.stdout
     assert "| eager |" in proc.stdout and "n/a (CPU)" in proc.stdout, proc.stdout
+    assert "fp16 variant skipped: DeepSpeed refuses fp16 on CPU" in proc.stdout, proc.stdout
     data = json.loads(out.read_text())
     assert data["deepspeed"]["zero_optimization"]["stage"] == 2 and data["deepspeed"]["bf16"]["enabled"] is True
     (r,) = data["results"]
     assert r["tokens_per_s"] > 0 and r["flops_per_token"] > 6 * r["params_for_flops"] > 0
     assert r["mfu"] is None and r["planner"]["allocated"] > 0 and r["peak_memory_bytes"] > 0
+    assert r["precision"] == "bf16" and r["loss_scaling"] is None and r["nvml"] is None and data["gpus"] == []

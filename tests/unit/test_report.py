@@ -44,3 +44,34 @@ def test_checkpoint_steps_without_an_engine_do_not_call_ray_train(no_ray_train_r
     ctx.report({"step": 3, "loss": 1.0}, checkpoint=True)
     assert no_ray_train_report == []
 
+
+
+class _FP16Optimizer:
+    loss_scale = 32768.0  # DeepSpeed's ZeRO/FP16 optimizers: the dynamic scaler's current scale
+
+
+class _FP16Engine:
+    """The attributes a DeepSpeed fp16 engine has (fp16 cannot run on CPU: bench/gpu_mfu.py runs the real one
+    on a GPU, through the same ``loss_scaling``)."""
+    skipped_steps = 3
+    optimizer = _FP16Optimizer()
+    global_steps = 7
+
+    def fp16_enabled(self):
+        return True
+
+
+def test_an_fp16_engine_reports_its_loss_scale_and_skipped_steps(no_ray_train_report, capsys):
+    from raytrain.runtime.reporter import loss_scaling
+
+    assert loss_scaling(_FP16Engine()) == {"skipped_steps": 3, "loss_scale": 32768.0}
+    assert loss_scaling(None) == {} and loss_scaling(object()) == {}
+    bf16 = _FP16Engine()
+    bf16.fp16_enabled = lambda: False
+    assert loss_scaling(bf16) == {}
+    ctx = make_ctx()
+    ctx.engine = _FP16Engine()
+    ctx.report({"loss": 1.5})
+    (event,) = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
+    assert event["loss_scale"] == 32768.0 and event["skipped_steps"] == 3 and event["step"] == 7
+    assert no_ray_train_report == []
