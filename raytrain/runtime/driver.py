@@ -346,7 +346,8 @@ def main() -> int:
             callbacks=[restart_announcer(plan.max_failures)],
             # Ray Train logs every report at INFO; raytrain shows progress itself.
             logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
-            worker_runtime_env=early_imports.worker_runtime_env(worker_imports(plan), scaling.use_gpu),
+            worker_runtime_env=early_imports.worker_runtime_env(
+                worker_imports(plan), scaling.use_gpu, scaling.resources_per_worker.get("CPU"), plan.env),
         ),
     )
     timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included

@@ -16,9 +16,11 @@ as before. ``--env RAYTRAIN_EARLY_IMPORTS=0`` turns this off (bench/start_time.p
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import threading
 import time
+from typing import Any
 
 MODULES_ENV = "RAYTRAIN_WORKER_IMPORTS"  # comma-separated, set by the driver on the workers' runtime env
 GPU_ENV = "RAYTRAIN_WORKER_GPU"  # "1": the workers use GPUs (DeepSpeed picks its accelerator at import)
@@ -32,16 +34,30 @@ def enabled() -> bool:
     return os.environ.get("RAYTRAIN_EARLY_IMPORTS", "1") != "0"
 
 
-def worker_runtime_env(modules: list[str], use_gpu: bool) -> dict:
-    """Ray Train's ``worker_runtime_env``: the hook and what it imports (merged over the job's runtime env)."""
+def omp_threads(cpus_per_worker: float | None) -> str:
+    """Ray's own rule for a worker's ``OMP_NUM_THREADS``: the floor of its CPUs, at least 1."""
+    return str(max(int(math.floor(cpus_per_worker or 1)), 1))
+
+
+def worker_runtime_env(modules: list[str], use_gpu: bool, cpus_per_worker: float | None = 1,
+                       job_env: Any = ()) -> dict:
+    """Ray Train's ``worker_runtime_env``: the hook and what it imports (merged over the job's runtime env).
+
+    It also carries ``OMP_NUM_THREADS``. Ray sets it (to the worker's CPUs) in the worker's ``os.environ``
+    when the actor's first task runs, but the hook imports torch before that, and libgomp reads the variable
+    once, when it loads: without it every worker's torch ran one OpenMP thread per core of the machine (2
+    workers x 2 threads on 2 cores, the extra threads spinning at the barriers). A job's own ``--env
+    OMP_NUM_THREADS`` (``job_env``: the names the job's ``--env`` sets) is left to the job's runtime env."""
     if not enabled() or not modules:
         return {}
     # Ray turns a job-level ``worker_process_setup_hook`` into this variable at ray.init only; an actor's
     # runtime env (Ray Train's workers') must carry the variable itself, which every worker process reads.
     from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 
-    return {"env_vars": {WORKER_PROCESS_SETUP_HOOK_ENV_VAR: HOOK, MODULES_ENV: ",".join(modules),
-                         GPU_ENV: "1" if use_gpu else "0"}}
+    env = {WORKER_PROCESS_SETUP_HOOK_ENV_VAR: HOOK, MODULES_ENV: ",".join(modules), GPU_ENV: "1" if use_gpu else "0"}
+    if "OMP_NUM_THREADS" not in job_env:
+        env["OMP_NUM_THREADS"] = omp_threads(cpus_per_worker)
+    return {"env_vars": env}
 
 
 def prepare_environment(use_gpu: bool) -> None:
@@ -72,6 +88,19 @@ def start() -> None:
     prepare_environment(os.environ.get(GPU_ENV) == "1")
     _thread = threading.Thread(target=_import_all, args=(modules,), daemon=True, name="raytrain-imports")
     _thread.start()
+
+
+def match_torch_threads() -> int | None:
+    """torch's intra-op threads set to ``OMP_NUM_THREADS`` (what the runtime env, or Ray for the task, says),
+    should torch have been loaded before the variable was set; the count, or None when no count is set."""
+    want = os.environ.get("OMP_NUM_THREADS", "")
+    if not want.isdigit() or int(want) < 1:
+        return None
+    import torch
+
+    if torch.get_num_threads() != int(want):
+        torch.set_num_threads(int(want))
+    return int(want)
 
 
 def wait() -> float | None:

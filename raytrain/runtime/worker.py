@@ -38,6 +38,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         timings.emit("early_imports", imported_at, rank=rank)
     import torch  # noqa: F401
 
+    early_imports.match_torch_threads()
     from raytrain.runtime.imports import import_deepspeed
 
     import_deepspeed()  # what every job needs; timed on its own

@@ -63,3 +63,46 @@ def test_transformers_is_imported_ahead_only_for_jobs_that_use_it(tmp_path, fres
     assert driver.worker_imports(plan("plain.py")) == ["torch", "deepspeed"]
     assert driver.worker_imports(plan("hf.py")) == ["torch", "deepspeed", "transformers"]
 
+
+
+def test_the_workers_get_omp_num_threads_before_the_hook_imports_torch(fresh):
+    """libgomp reads OMP_NUM_THREADS when torch loads it, which the hook does before Ray sets the variable for
+    the actor's task: the runtime env carries Ray's value (floor of the worker's CPUs, at least 1)."""
+    assert early_imports.worker_runtime_env(["torch"], use_gpu=False)["env_vars"]["OMP_NUM_THREADS"] == "1"
+    assert early_imports.worker_runtime_env(["torch"], False, 0.5)["env_vars"]["OMP_NUM_THREADS"] == "1"
+    assert early_imports.worker_runtime_env(["torch"], True, 4.0)["env_vars"]["OMP_NUM_THREADS"] == "4"
+    # the job's --env OMP_NUM_THREADS=3 is in the job's runtime env, which the workers' env is merged over
+    assert "OMP_NUM_THREADS" not in early_imports.worker_runtime_env(["torch"], False, 1.0, {"OMP_NUM_THREADS": "***"})[
+        "env_vars"]
+
+
+PROBE = """
+import os, sys
+from raytrain.runtime import early_imports
+early_imports.start()
+early_imports.wait()
+import torch
+print("AT_IMPORT", torch.get_num_threads())
+os.environ["OMP_NUM_THREADS"] = "1"  # what Ray sets for a 1-CPU actor's task, after the hook ran
+early_imports.match_torch_threads()
+print("MATCHED", torch.get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("omp", ["1", None])
+def test_torch_imported_by_the_hook_runs_the_workers_threads(omp):
+    """Real torch and libgomp, imported in the hook's thread as on a worker: with the runtime env's
+    OMP_NUM_THREADS torch starts with that many threads; without it (Ray sets it only later) torch takes one
+    per core, and the worker's match_torch_threads brings it back to the variable's count."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(RAYTRAIN_WORKER_IMPORTS="torch", RAYTRAIN_WORKER_GPU="0")
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split() for line in out.stdout.splitlines() if line.split()[0] in ("AT_IMPORT", "MATCHED"))
+    assert int(lines["AT_IMPORT"]) == (1 if omp else len(os.sched_getaffinity(0)))  # libgomp: one per usable core
+    assert lines["MATCHED"] == "1"
