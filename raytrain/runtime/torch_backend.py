@@ -138,11 +138,51 @@ def dropped_callbacks(datasets: dict | None) -> set[str]:
     return names
 
 
+# Ray Train's scaling policy of a fixed-size run registers the run's resources with the AutoscalingCoordinator,
+# a detached actor shared by Ray Train and Ray Data, before it places the workers (a blocking call) and every
+# 20 s. The first run after a cluster starts creates that actor: one more Python process start on the path to
+# step 1, which then stays on the node for good, its main thread waking 100 times a second. A node raytrain
+# runs itself has no autoscaler to tell: where RAYTRAIN_AUTOSCALING_COORDINATOR=0 (the local target sets it)
+# the fixed policy does without it. An elastic run (--workers MIN-MAX) keeps it: it sizes itself by the
+# resources the coordinator reserves.
+def coordinator_enabled() -> bool:
+    return os.environ.get("RAYTRAIN_AUTOSCALING_COORDINATOR", "1") != "0"
+
+
+_NO_COORDINATOR: list[type] = []
+
+
+def without_coordinator(policy: Any) -> Any:
+    """A fixed scaling policy that makes the same decisions and never calls the AutoscalingCoordinator;
+    any other policy unchanged."""
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+    if type(policy) is not FixedScalingPolicy:
+        return policy
+    if not _NO_COORDINATOR:
+        class FixedScalingPolicyWithoutCoordinator(FixedScalingPolicy):
+            def after_controller_start(self, train_run_context):
+                self._requester_id = f"train-{train_run_context.run_id}"
+
+            def _send_resource_request(self):
+                pass
+
+            def _maybe_send_resource_request(self):
+                pass
+
+            def _cancel_resource_request(self):
+                pass
+
+        _NO_COORDINATOR.append(FixedScalingPolicyWithoutCoordinator)
+    return _NO_COORDINATOR[0](policy.scaling_config)
+
+
 _LEAN: list[type] = []
 
 
 def lean_trainer_class() -> type:
-    """DataParallelTrainer less the default callbacks ``dropped_callbacks`` names."""
+    """DataParallelTrainer less the default callbacks ``dropped_callbacks`` names and, where
+    ``coordinator_enabled`` says so, a fixed-size run's calls to the AutoscalingCoordinator."""
     if not _LEAN:
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
@@ -150,6 +190,12 @@ def lean_trainer_class() -> type:
             def _create_default_callbacks(self):
                 drop = dropped_callbacks(self.datasets)
                 return [c for c in super()._create_default_callbacks() if type(c).__name__ not in drop]
+
+            def _initialize_and_run_controller(self, **controller_init_kwargs):
+                if not coordinator_enabled() and "scaling_policy" in controller_init_kwargs:
+                    controller_init_kwargs["scaling_policy"] = without_coordinator(
+                        controller_init_kwargs["scaling_policy"])
+                return super()._initialize_and_run_controller(**controller_init_kwargs)
 
         _LEAN.append(LeanDataParallelTrainer)
     return _LEAN[0]

@@ -75,6 +75,9 @@ LOCAL_RUNTIME_ENV_VARS = {
     # Ray Train's placement-group cleaner, a detached actor process per run: on the local cluster the driver
     # removes the groups an ended job leaked (runtime/torch_backend.py dropped_callbacks).
     "RAYTRAIN_PG_CLEANER": "0",
+    # Ray Train's AutoscalingCoordinator, a detached actor process that a fixed-size run registers its
+    # resources with (created by the first run, then idle on the node for good): no autoscaler to tell here.
+    "RAYTRAIN_AUTOSCALING_COORDINATOR": "0",
 }
 
 

@@ -25,6 +25,19 @@ def assert_loss_falls(losses, steps):
     assert sum(losses[-3:]) / 3 < losses[0] - 0.05, losses
 
 
+def live_actor_classes(cli) -> list[str]:
+    """The classes of the local cluster's actors that are not dead (Ray's state API, as `jobs stop` reads it)."""
+    code = ("import json; from raytrain.targets.factory import make_target; d = make_target(auto_start=False).dashboard;"
+            "print(json.dumps(sorted(a.get('class_name') for a in d._state('actors', '&detail=1')"
+            " if str(a.get('state', '')).upper() != 'DEAD')))")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], env=cli.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
 @pytest.mark.cold_start
 def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     cli = e2e_env
@@ -42,6 +55,10 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     assert "Running entrypoint" not in out and "core_worker.cc" not in out, out
     job = job_id_of(out)
     assert_loss_falls(cli.facts(job).losses, 12)
+
+    # no actor of the job outlived it: Ray Train's AutoscalingCoordinator, which a fixed-size run would create
+    # on a fresh cluster and leave there for good, was never made (no autoscaler on the local cluster)
+    assert live_actor_classes(cli) == [], live_actor_classes(cli)
 
     # the cluster it started stays up, with its resources and token auth, for the next command
     status = cli.json("cluster", "status")

@@ -93,3 +93,39 @@ def test_the_local_target_turns_the_placement_group_cleaner_off():
     from raytrain.targets.base import LOCAL_RUNTIME_ENV_VARS, RUNTIME_ENV_VARS
 
     assert LOCAL_RUNTIME_ENV_VARS["RAYTRAIN_PG_CLEANER"] == "0" and "RAYTRAIN_PG_CLEANER" not in RUNTIME_ENV_VARS
+
+
+def test_the_local_target_runs_fixed_size_jobs_without_the_autoscaling_coordinator(monkeypatch):
+    """The policy makes the fixed policy's decisions and never calls the coordinator (no Ray here: the real
+    policy would create the detached actor); it pickles for the controller actor; elastic runs keep theirs."""
+    from ray import cloudpickle
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import ResizeDecision, create_scaling_policy
+
+    from raytrain.targets.base import LOCAL_RUNTIME_ENV_VARS, RUNTIME_ENV_VARS
+
+    assert LOCAL_RUNTIME_ENV_VARS["RAYTRAIN_AUTOSCALING_COORDINATOR"] == "0"
+    assert "RAYTRAIN_AUTOSCALING_COORDINATOR" not in RUNTIME_ENV_VARS
+    fixed = create_scaling_policy(ScalingConfig(num_workers=2))
+    policy = cloudpickle.loads(cloudpickle.dumps(torch_backend.without_coordinator(fixed)))
+    policy.after_controller_start(type("Run", (), {"run_id": "abc"})())
+    decision = policy.make_decision_for_non_running_worker_group()
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    assert policy._coordinator_client is None and policy._requester_id == "train-abc"
+    policy.before_controller_abort()
+    elastic = create_scaling_policy(ScalingConfig(num_workers=(1, 2)))
+    assert torch_backend.without_coordinator(elastic) is elastic
+
+    seen = {}
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    monkeypatch.setattr(DataParallelTrainer, "_initialize_and_run_controller",
+                        lambda self, **kw: seen.update(kw))
+    trainer = torch_backend.trainer(lambda config: None, backend_config_args={"timeout_s": 60.0, "interface": None},
+                                    scaling_config=ScalingConfig(num_workers=2))
+    monkeypatch.setenv("RAYTRAIN_AUTOSCALING_COORDINATOR", "0")
+    trainer._initialize_and_run_controller(scaling_policy=fixed)
+    assert type(seen["scaling_policy"]).__name__ == "FixedScalingPolicyWithoutCoordinator"
+    monkeypatch.setenv("RAYTRAIN_AUTOSCALING_COORDINATOR", "1")
+    trainer._initialize_and_run_controller(scaling_policy=fixed)
+    assert seen["scaling_policy"] is fixed
