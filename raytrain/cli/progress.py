@@ -66,7 +66,7 @@ def describe_resize(event: dict) -> str:
 
 
 SHOWN = ("event", "step", "total_steps", "loss", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
-         "data_wait_s", "step_time_s", "elapsed_s", "wall_time")
+         "data_wait_s", "step_time_s", "elapsed_s", "wall_time", "loss_scale", "skipped_steps")
 
 
 def _number(m: dict, key: str) -> float | None:
@@ -91,6 +91,9 @@ def describe_metrics(m: dict) -> str:
         parts.append(f"{m['step_time_s'] * 1000:.0f} ms/step")
     if isinstance(m.get("data_wait_s"), (int, float)):
         parts.append(f"data wait {m['data_wait_s'] * 1000:.0f} ms/step")
+    if _number(m, "loss_scale") is not None:  # fp16's dynamic loss scaling (reporter.loss_scaling)
+        skipped = _number(m, "skipped_steps")
+        parts.append(f"loss scale {m['loss_scale']:g}" + (f" ({int(skipped)} step(s) skipped on overflow)" if skipped else ""))
     for key, value in m.items():
         if key in SHOWN or key.endswith("_gb"):
             continue

@@ -75,3 +75,13 @@ def test_an_fp16_engine_reports_its_loss_scale_and_skipped_steps(no_ray_train_re
     (event,) = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
     assert event["loss_scale"] == 32768.0 and event["skipped_steps"] == 3 and event["step"] == 7
     assert no_ray_train_report == []
+
+
+def test_the_progress_line_shows_fp16_loss_scaling():
+    from raytrain.cli.progress import describe_metrics
+
+    line = describe_metrics({"step": 9, "loss": 2.5, "loss_scale": 16384.0, "skipped_steps": 3})
+    assert "loss scale 16384 (3 step(s) skipped on overflow)" in line and "loss_scale" not in line, line
+    line = describe_metrics({"step": 2, "loss": 2.5, "loss_scale": 65536.0, "skipped_steps": 0})
+    assert line.endswith("loss scale 65536"), line
+    assert "loss scale" not in describe_metrics({"step": 2, "loss": 2.5})  # bf16/fp32: nothing to scale
