@@ -276,7 +276,7 @@ def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps:
     if backends is not None:
         backends.__enter__()
     try:
-        scaling: list[dict] = []  # fp16: after each step, the scale and whether the step was applied
+        scaling: list[dict] = []  # fp16: after each step, the scale and the steps skipped so far
 
         def record(i: int, loss) -> None:
             state = loss_scaling(engine)
@@ -355,7 +355,7 @@ def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps:
 def scaling_summary(scaling: list[dict]) -> dict:
     """What fp16's dynamic loss scaling did: the scale at the start and end, the steps it skipped (a gradient
     overflow: the scale halves and the optimizer step is not applied) and the per-step trace."""
-    skipped = scaling[-1]["skipped_steps"] if "skipped_steps" in scaling[-1] else None
+    skipped = scaling[-1].get("skipped_steps")
     skipped_at = [s["step"] for prev, s in zip([{"skipped_steps": 0}] + scaling, scaling)
                   if s.get("skipped_steps", 0) > prev.get("skipped_steps", 0)]
     return {"first_scale": scaling[0].get("loss_scale"), "last_scale": scaling[-1].get("loss_scale"),

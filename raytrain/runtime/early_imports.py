@@ -93,14 +93,15 @@ def start() -> None:
 def match_torch_threads() -> int | None:
     """torch's intra-op threads set to ``OMP_NUM_THREADS`` (what the runtime env, or Ray for the task, says),
     should torch have been loaded before the variable was set; the count, or None when no count is set."""
-    want = os.environ.get("OMP_NUM_THREADS", "")
-    if not want.isdigit() or int(want) < 1:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    want = int(value) if value.isdigit() else 0
+    if want < 1:
         return None
     import torch
 
-    if torch.get_num_threads() != int(want):
-        torch.set_num_threads(int(want))
-    return int(want)
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+    return want
 
 
 def wait() -> float | None:

@@ -161,16 +161,11 @@ def without_coordinator(policy: Any) -> Any:
         return policy
     if not _NO_COORDINATOR:
         class FixedScalingPolicyWithoutCoordinator(FixedScalingPolicy):
+            # No coordinator client is ever made, so the base class's cancel on shutdown is a no-op.
             def after_controller_start(self, train_run_context):
                 self._requester_id = f"train-{train_run_context.run_id}"
 
-            def _send_resource_request(self):
-                pass
-
             def _maybe_send_resource_request(self):
-                pass
-
-            def _cancel_resource_request(self):
                 pass
 
         _NO_COORDINATOR.append(FixedScalingPolicyWithoutCoordinator)
