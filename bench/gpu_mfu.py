@@ -29,6 +29,7 @@ import re
 import socket
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -127,6 +128,7 @@ def parser() -> argparse.ArgumentParser:
     for key in ("layers", "hidden", "heads", "vocab", "seq", "micro_batch"):
         p.add_argument("--" + key.replace("_", "-"), type=int, default=None, help=f"default {SHAPES['350m'][key]}")
     p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--zero", type=int, choices=[1, 2, 3], default=2, help="ZeRO stage (default %(default)s)")
     p.add_argument("--steps", type=int, default=None, help="measured optimizer steps (default 30; --tiny 3)")
     p.add_argument("--warmup", type=int, default=None, help="steps before measuring (default 5; --tiny 1)")
     p.add_argument("--compile", choices=["off", "on", "both"], default=None,
@@ -135,6 +137,10 @@ def parser() -> argparse.ArgumentParser:
                    help="then an fp16 run of this many steps (eager): DeepSpeed's dynamic loss scaling with raytrain's "
                         "fp16 settings, its scale and overflow-skipped steps per step (default 40 on a GPU; fp16 "
                         "needs one)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the eager bf16 variant's timed steps, profile this many more with torch.profiler: "
+                        "device time by kind of kernel (matmul, attention, optimizer, loss, copies, other) and how "
+                        "busy the device was (default 0: off)")
     p.add_argument("--budget-s", type=float, default=285.0,
                    help="skip the compiled variant when less than 150 s of this budget is left (default %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak dense bf16 TFLOP/s (unknown GPUs)")
@@ -169,20 +175,20 @@ def planner_estimate(model: GPT, a, precision: str = "bf16") -> dict:
     from raytrain.planner.meta import count_parameters, largest_layer
 
     est = estimate(
-        Config(zero=2, precision=precision), params=count_parameters(model), largest_layer=largest_layer(model)[0],
-        gpus=1, gpus_per_node=1, seq=a.seq, micro_batch=a.micro_batch, layers=a.layers, hidden=a.hidden,
-        heads=a.heads, vocab=a.vocab, flash_attention=True,
+        Config(zero=a.zero, precision=precision), params=count_parameters(model),
+        largest_layer=largest_layer(model)[0], gpus=1, gpus_per_node=1, seq=a.seq, micro_batch=a.micro_batch,
+        layers=a.layers, hidden=a.hidden, heads=a.heads, vocab=a.vocab, flash_attention=True, grad_accum=a.grad_accum,
     )
     return {"allocated": est.allocated, "gpu_total": est.gpu_total, "model_states": est.states.gpu_total,
             "activations": est.activations, "buffers": est.buffers}
 
 
 def deepspeed_config(a, precision: str = "bf16") -> dict:
-    """The DeepSpeed dict raytrain resolves for --zero 2 --precision PRECISION and this batch."""
+    """The DeepSpeed dict raytrain resolves for --zero ZERO --precision PRECISION and this batch."""
     from raytrain.config import Options, resolve
 
     plan = resolve(Options(job=str(Path(__file__).resolve()), script=False, workers=1,
-                           gpus_per_worker=1 if a.device == "cuda" else 0, zero=2, precision=precision,
+                           gpus_per_worker=1 if a.device == "cuda" else 0, zero=a.zero, precision=precision,
                            micro_batch=a.micro_batch, grad_accum=a.grad_accum))
     return plan.deepspeed
 
@@ -219,7 +225,8 @@ def flash_attention_works(a, device) -> bool:
         return False
 
 
-def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps: int | None = None) -> dict:
+def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps: int | None = None,
+                profile_steps: int = 0) -> dict:
     """One engine, ``a.warmup`` then ``steps`` (default ``a.steps``) timed optimizer steps. On a GPU, raytrain's
     NVML sampler (the one every GPU worker runs) reads the device's memory meanwhile; an fp16 engine's loss
     scale and skipped steps are read after every step with the reporter's own ``loss_scaling``."""
@@ -240,6 +247,7 @@ def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps:
     with torch.device(device):
         model = GPT(a.vocab, a.hidden, a.layers, a.heads, a.seq)
     fpt, n_params = flops_per_token(model, a)
+    params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them to empty tensors
     estimate = planner_estimate(model, a, precision)
     monitor = MemoryMonitor(interval=0.2, gpu=True).start() if cuda else None
 
@@ -302,6 +310,12 @@ def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps:
             if scaling:  # float(loss) syncs: outside the timed part
                 record(i, loss)
         elapsed = time.perf_counter() - t0
+        profiled = None
+        if profile_steps:
+            try:
+                profiled = profile(step, sync, profile_steps, a.warmup + steps, cuda)
+            except Exception as exc:  # a profiler that fails here costs the profile, not the measured results
+                profiled = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     finally:
         if backends is not None:
             backends.__exit__(None, None, None)
@@ -322,7 +336,7 @@ def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps:
         "variant": ("torch.compile" if compiled else "eager") + (" fp16" if precision == "fp16" else ""),
         "precision": precision,
         "attention": attention,
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": params,
         "params_for_flops": n_params,
         "flops_per_token": fpt,
         "tokens_per_step": a.micro_batch * a.grad_accum * a.seq,
@@ -344,12 +358,81 @@ def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps:
         "planner_gpu_total_over_nvml": (round(estimate["gpu_total"] / nvml["gpu_memory_used_peak"], 3)
                                         if nvml and nvml.get("gpu_memory_used_peak") else None),
         "loss_scaling": scaling_summary(scaling) if scaling else None,
+        "profile": profiled,
     }
-    del engine, model
+    # DeepSpeed's gradient hooks live on autograd's C++ nodes and point back at its optimizer: a cycle the
+    # garbage collector cannot see, so without destroy() the whole engine (parameters, fp32 master copy,
+    # Adam moments: 5 GiB here) outlives it and counts in the next variant's peak.
+    model_ref = weakref.ref(model)
+    engine.destroy()
+    del engine, model, step, record
+    if compiled:
+        torch._dynamo.reset()  # compiled graphs hold the module too
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
+    result["engine_released"] = model_ref() is None
+    result["allocated_after_bytes"] = torch.cuda.memory_allocated() if cuda else None
     return result
+
+
+KERNEL_KINDS = [  # first match wins (flash attention kernels are CUTLASS kernels too)
+    ("attention", r"flash|fmha|sdpa|attention"),
+    ("optimizer", r"adam|multi_tensor|foreach|fused_"),
+    ("loss", r"cross_entropy|log_softmax|nll_loss"),
+    ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm90_|aten::mm|aten::addmm|aten::bmm|aten::matmul|aten::linear"),
+    ("communication", r"nccl|all_?reduce|reduce_?scatter|all_?gather|broadcast|gloo"),
+    ("copies", r"memcpy|memset|copy|aten::cat|aten::to\b|_to_copy|flatten|unflatten"),
+]
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, low)), "other")
+
+
+def profile(step, sync, steps: int, first: int, cuda: bool) -> dict:
+    """``steps`` more steps under torch.profiler: on a GPU, the kernels' device time by kind and the share of
+    the wall time the device had any kernel running (the rest: launch overhead, host work, syncs); on CPU,
+    the operators' own CPU time by kind (the smoke path)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    t = time.perf_counter()
+    with torch_profile(activities=activities) as prof:
+        for i in range(first, first + steps):
+            step(i)
+        sync()
+    wall_us = (time.perf_counter() - t) * 1e6
+    if cuda:
+        events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        spans = [(e.time_range.start, e.time_range.end, e.name) for e in events]
+    else:  # CPU operators' self time, laid end to end (no overlap on one intra-op thread)
+        spans = [(0.0, e.self_cpu_time_total, e.name) for e in prof.events() if e.self_cpu_time_total > 0]
+    by_kind: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for start, end, name in spans:
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + (end - start)
+        by_name[name] = by_name.get(name, 0.0) + (end - start)
+    total = sum(by_kind.values()) or 1.0
+    busy = None
+    if cuda:  # the union of the kernels' intervals
+        busy, reach = 0.0, float("-inf")
+        for start, end, _ in sorted(spans):
+            if end > reach:
+                busy += end - max(start, reach)
+                reach = end
+    return {
+        "steps": steps, "source": "CUDA kernels" if cuda else "CPU operators (self time)",
+        "wall_ms_per_step": round(wall_us / 1e3 / steps, 2),
+        "device_busy_fraction": round(busy / wall_us, 3) if busy is not None else None,
+        "ms_per_step_by_kind": {k: round(v / 1e3 / steps, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "share_by_kind": {k: round(v / total, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "top": [{"name": n[:160], "kind": kernel_kind(n), "ms_per_step": round(v / 1e3 / steps, 2)}
+                for n, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:15]],
+    }
 
 
 def scaling_summary(scaling: list[dict]) -> dict:
@@ -395,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         if compiled and len(variants) > 1 and left < 150:
             notes.append(f"torch.compile variant skipped: {left:.0f} s of the {a.budget_s:.0f} s budget left")
             continue
-        r = run_variant(a, config, compiled)
+        r = run_variant(a, config, compiled, profile_steps=0 if compiled else a.profile_steps)
         r["mfu"] = r["model_flops_per_s"] / peak if peak else None
         results.append(r)
         if r["allocated_at_start_bytes"] > 2**27:
@@ -416,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{ls.get('last_scale')}, {ls.get('skipped_steps')} step(s) skipped on overflow, loss "
               f"{ls.get('first_loss')} -> {ls.get('last_loss')}", file=sys.stderr, flush=True)
 
+    for r in results:
+        if not r["engine_released"]:
+            notes.append(f"{r['variant']}: the engine was still alive after engine.destroy() and del: later variants' "
+                         "peaks include it")
     cpu_note = ("MFU on CPU is not meaningful: there is no peak FLOP/s for a CPU here and this path only "
                 "exercises the code (a tiny model, a few steps)") if a.device == "cpu" else None
     out = {
@@ -432,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p0 = results[0]["params"] if results else 0
     print(f"## GPT {p0 / 1e6:.{0 if p0 >= 1e8 else 2}f}M parameters, seq {a.seq}, micro-batch {a.micro_batch} x grad-accum {a.grad_accum}, "
-          f"ZeRO-2, on {name}" + (f" (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)" if peak else "") + "\n")
+          f"ZeRO-{a.zero}, on {name}" + (f" (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)" if peak else "") + "\n")
     print("| variant | attention | step | tokens/s | model TFLOP/s | MFU | peak memory | planner estimate | "
           "estimate/measured | NVML peak used | planner GPU total |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -451,6 +538,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{r['variant']}: dynamic loss scale {ls['first_scale']:g} -> {ls['last_scale']:g}; "
                   f"{ls['skipped_steps']} of {a.warmup + r['steps']} steps skipped on overflow (at steps "
                   f"{ls['skipped_at'] or 'none'}); loss {ls['first_loss']} -> {ls['last_loss']}")
+    for r in results:
+        pr = r.get("profile")
+        if pr and "error" in pr:
+            print(f"\n{r['variant']} profile failed: {pr['error']}")
+        elif pr:
+            kinds = ", ".join(f"{k} {v:.1%}" for k, v in pr["share_by_kind"].items())
+            busy = (f"device busy {pr['device_busy_fraction']:.1%} of {pr['wall_ms_per_step']} ms/step; "
+                    if pr["device_busy_fraction"] is not None else "")
+            print(f"\n{r['variant']} profile ({pr['steps']} steps, {pr['source']}): {busy}{kinds}")
+            for k in pr["top"][:8]:
+                print(f"  {k['ms_per_step']:8.2f} ms/step  {k['kind']:<13} {k['name'][:110]}")
     for note in out["notes"]:
         print(f"\nNOTE: {note}")
     print(f"\nFLOPs/token = 6N + 12·L·H·Q·T = {results[0]['flops_per_token'] / 1e9:.3f} GFLOP (N = "

@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 
 def test_gpu_mfu_tiny_cpu_path(tmp_path):
     out = tmp_path / "mfu.json"
-    args = [sys.executable, str(ROOT / "bench" / "gpu_mfu.py"), "--device", "cpu", "--tiny", "--fp16-steps", "2", "--out", str(out)]
+    args = [sys.executable, str(ROOT / "bench" / "gpu_mfu.py"), "--device", "cpu", "--tiny", "--fp16-steps", "2", "--profile-steps", "1", "--out", str(out)]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"gpu_mfu.py exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "MFU on CPU is not meaningful" in proc.stdout
@@ -24,3 +24,9 @@ def test_gpu_mfu_tiny_cpu_path(tmp_path):
     assert r["tokens_per_s"] > 0 and r["flops_per_token"] > 6 * r["params_for_flops"] > 0
     assert r["mfu"] is None and r["planner"]["allocated"] > 0 and r["peak_memory_bytes"] > 0
     assert r["precision"] == "bf16" and r["loss_scaling"] is None and r["nvml"] is None and data["gpus"] == []
+    # The engine is gone after its variant (DeepSpeed's hooks would keep it, and the next variant's peak, alive)
+    assert r["engine_released"] is True
+    prof = r["profile"]
+    assert prof["steps"] == 1 and prof["device_busy_fraction"] is None, prof
+    assert prof["ms_per_step_by_kind"].get("matmul", 0) > 0 and abs(sum(prof["share_by_kind"].values()) - 1) < 0.01, prof
+    assert "eager profile (1 steps, CPU operators" in proc.stdout, proc.stdout
