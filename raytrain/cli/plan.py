@@ -155,6 +155,8 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
     if p.seq:
         dims.append(f"seq {p.seq}")
     dims.append(f"micro-batch {p.micro_batch}")
+    if p.grad_accum:
+        dims.append(f"grad-accum {p.grad_accum}")
     usable = hw.gpu_memory * (1 - p.margin)
     console.print(
         f"model  {', '.join(dims)}; largest layer {human_count(s.largest_layer)}"
@@ -189,7 +191,8 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
     console.print(table)
     console.print(
         "GB per GPU unless noted (1 GB = 1e9 B). model: ZeRO model states; Z3: ZeRO-3 layer working set; "
-        "other: buffers + overhead; CPU: GB per node (x1.5 buffers); time: relative; CPU!: over --cpu-memory",
+        "other: buffers + overhead; GPU: the step's peak, less than the sum where gradients and activations are "
+        "not live at once (--grad-accum 1); CPU: GB per node (x1.5 buffers); time: relative; CPU!: over --cpu-memory",
         style="dim", highlight=False,
     )
     shown = len(_rows_to_show(p, show_all))
@@ -227,6 +230,8 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
 @click.option("--largest-layer", help="Parameters of the largest module (ZeRO-3 working set). Default: from --hidden.")
 @click.option("--seq", type=int, help="Sequence length (needed for activations).")
 @click.option("--micro-batch", type=int, default=1, show_default=True, help="Micro-batch per GPU.")
+@click.option("--grad-accum", type=int, help="Micro-batches per optimizer step. With 1 the gradients are not live at "
+              "the activations' peak; not given: counted there.")
 @click.option("--gpus", "--workers", "gpus", type=int, help="GPUs in all (one worker each). Default: local GPUs, or 1.")
 @click.option("--gpus-per-node", type=int, help="Default: min(gpus, 8).")
 @click.option("--gpu-memory", help="Memory per GPU: 80GB, 80GiB. Default: the local GPU's.")
@@ -244,7 +249,7 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Show every candidate, not only the ones around the choice.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @handle_errors
-def plan(job, job_args, params, layers, hidden, heads, vocab, largest_layer, seq, micro_batch, gpus, gpus_per_node,
+def plan(job, job_args, params, layers, hidden, heads, vocab, largest_layer, seq, micro_batch, grad_accum, gpus, gpus_per_node,
          gpu_memory, cpu_memory, margin, zero, offload, precision, tp, pp, checkpointing, flash_attention, zero_init,
          show_all, as_json):
     """Memory per GPU and per node for each DeepSpeed configuration; marks the fastest that fits.
@@ -255,6 +260,8 @@ def plan(job, job_args, params, layers, hidden, heads, vocab, largest_layer, seq
     """
     if micro_batch is not None and micro_batch < 1:
         raise ConfigError(f"--micro-batch {micro_batch}: must be >= 1", flag="--micro-batch")
+    if grad_accum is not None and grad_accum < 1:
+        raise ConfigError(f"--grad-accum {grad_accum}: must be >= 1 (1: no accumulation)", flag="--grad-accum")
     shape = _model_shape(job, job_args, params, layers, hidden, heads, vocab, largest_layer, seq)
     notes = []
     local = None
@@ -279,6 +286,7 @@ def plan(job, job_args, params, layers, hidden, heads, vocab, largest_layer, seq
         hardware,
         seq=seq,
         micro_batch=micro_batch,
+        grad_accum=grad_accum,
         margin=margin,
         flash_attention=flash_attention,
         zero_init=zero_init,

@@ -37,15 +37,31 @@ Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Tra
     a time: ``L * 2sbh + one layer's full activations``. fp32 activations: twice the 16-bit bytes.
     With pipeline parallelism (1F1B) the first stage holds ``pp`` micro-batches of ``L/pp`` layers, so the
     worst stage still holds about ``L`` layers' worth: pp does not divide activations.
-    With ``vocab`` known, the output layer adds ``s*b*V/t*(act_bytes + 4 + 4)``: the logits, their fp32
-    copy for the loss and its gradient.
+    With ``vocab`` known, the output layer adds ``s*b*V/t*(act_bytes + 12)``: the logits (which the training
+    loop still holds), the fp32 log-probabilities the loss saves, and in the loss's backward its incoming
+    and outgoing fp32 gradients. Measured on an H200 (bench/gpu_mfu.py, a 355M GPT, vocab 50304, seq 1024,
+    micro-batch 16-64): 14.0 bytes per token and vocabulary entry in bf16, the backward of the loss being
+    the step's peak.
 
 Buffers and overhead
     ``buffers``: DeepSpeed's gradient reduction bucket, ``min(5e8, P)`` elements of gradient dtype
     (``reduce_bucket_size`` default 5e8). It is allocated through torch, so it counts in
     ``torch.cuda.max_memory_allocated``.
-    ``overhead``: what torch's allocator statistics never see: ``CUDA_CONTEXT_BYTES`` (1 GB: CUDA context,
-    cuBLAS workspace, NCCL buffers) plus ``FRAGMENTATION`` (5 %) of everything allocated.
+    ``overhead``: what torch's allocator statistics never see: ``CUDA_CONTEXT_BYTES`` (2 GB: CUDA context,
+    cuBLAS workspace, NCCL buffers; 1.88 GiB measured on an H200 with torch 2.11 and one NCCL rank) plus
+    ``FRAGMENTATION`` (10 %; 15 % under ZeRO-3) of everything allocated: the caching allocator's reserve
+    above its peak allocation, measured at 4-11 % under ZeRO-1/2 (growing with the micro-batch's large logits
+    tensors) and 14 % under ZeRO-3, which gathers and frees every parameter in every step.
+
+The peak (``allocated``)
+    Not every byte above is live at once. The 16-bit gradients and DeepSpeed's fp32 gradient copy fill up
+    during backward and at the optimizer step, after the activations are freed; the step's peak is the larger
+    of the two phases: ``params + optimizer + buffers + working set + max(activations, grads + grad_fp32)``.
+    With gradient accumulation (``grad_accum > 1``, or unknown) the 16-bit gradients are held across
+    micro-batches and count in both phases; so they do under ZeRO-3, which allocates its gradient partition
+    once for the whole run. Measured on an H200 (one rank; ZeRO-1, 2 and 3; micro-batch 8-64; grad-accum 1
+    and 4): without accumulation the peak is in the loss's backward, before any gradient exists; the
+    estimate is 2-6 % above the measured peak, and the GPU total 1-12 % above NVML's.
 
 CPU memory per node
     Offloaded states for every GPU on the node, or the fp32 model each rank builds on CPU before DeepSpeed
@@ -63,8 +79,9 @@ OFFLOADS = ("none", "optimizer", "all")
 STAGES = (0, 1, 2, 3)
 
 REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed zero_optimization.reduce_bucket_size default
-CUDA_CONTEXT_BYTES = 1_000_000_000
-FRAGMENTATION = 0.05
+CUDA_CONTEXT_BYTES = 2_000_000_000
+FRAGMENTATION = 0.10
+FRAGMENTATION_ZERO3 = 0.15
 CPU_BUFFER_FACTOR = 1.5  # DeepSpeed estimators' additional_buffer_factor
 BUILD_BYTES_PER_PARAM = 4  # a model built on CPU in fp32 before deepspeed.initialize
 
@@ -205,8 +222,22 @@ def activation_memory(
     else:
         total = layers * per_layer
     if vocab:
-        total += s * b * (vocab / t) * (2 * scale + 4 + 4)
+        total += s * b * (vocab / t) * (2 * scale + 12)
     return int(round(total))
+
+
+def peak_allocated(
+    states: ModelStates, *, working_set: float, activations: float | None, buffers: float, grad_accum: int | None,
+    stage: int = 2,
+) -> int:
+    """The bytes live at the step's peak (see "The peak" in the module docstring): activations and the
+    gradients not held across micro-batches are never live together. ZeRO-3 allocates its 16-bit gradient
+    partition once, for the whole run: always held."""
+    g = states.gpu
+    grads, grad_fp32 = g.get("grads", 0.0), g.get("grad_fp32", 0.0)
+    held = grads if grad_accum is None or grad_accum > 1 or stage == 3 else 0.0
+    persistent = g.get("params", 0.0) + g.get("optimizer", 0.0) + working_set + buffers + held
+    return int(round(persistent + max(activations or 0.0, grads - held + grad_fp32)))
 
 
 def reduce_bucket(params: float, precision: str = "bf16") -> int:
@@ -214,9 +245,10 @@ def reduce_bucket(params: float, precision: str = "bf16") -> int:
     return int(round(min(REDUCE_BUCKET_ELEMENTS, params) * bytes_per_param(precision).grad))
 
 
-def overhead(allocated: float) -> int:
-    """Memory the GPU uses beyond torch's allocations: CUDA context and allocator fragmentation."""
-    return int(round(CUDA_CONTEXT_BYTES + FRAGMENTATION * allocated))
+def overhead(allocated: float, stage: int = 2) -> int:
+    """Memory the GPU uses beyond torch's allocations: CUDA context and allocator fragmentation (more under
+    ZeRO-3, which gathers and frees every parameter in every step)."""
+    return int(round(CUDA_CONTEXT_BYTES + (FRAGMENTATION_ZERO3 if stage == 3 else FRAGMENTATION) * allocated))
 
 
 def cpu_per_node(
@@ -304,10 +336,12 @@ def estimate(
     fp32_grad_copy: bool = True,
     zero_init: bool = False,
     trainable: int | None = None,
+    grad_accum: int | None = None,
 ) -> Estimate:
     """Per-GPU and per-node memory of ``config`` on ``gpus`` GPUs (``gpus_per_node`` on each node).
     ``trainable``: parameters that train (default: all); the others are frozen (no gradients, no optimizer
-    state, no reduction bucket)."""
+    state, no reduction bucket). ``grad_accum``: micro-batches per optimizer step; with 1 the gradients are
+    not live at the activations' peak, with more or None (not known) they are."""
     c = config
     if gpus % (c.tp * c.pp):
         raise ValueError(f"tp*pp = {c.tp * c.pp} does not divide {gpus} GPUs")
@@ -327,8 +361,9 @@ def estimate(
     else:
         acts = None
     buffers = reduce_bucket(rank_trainable, c.precision)
-    allocated = states.gpu_total + working + (acts or 0) + buffers
-    over = overhead(allocated)
+    allocated = peak_allocated(states, working_set=working, activations=acts, buffers=buffers, grad_accum=grad_accum,
+                               stage=c.zero)
+    over = overhead(allocated, c.zero)
     build_params = largest_layer if (zero_init and c.zero == 3) else params / c.pp
     offloaded, build, cpu_total = cpu_per_node(states, gpus_per_node=gpus_per_node, build_params=build_params)
     return Estimate(

@@ -130,6 +130,7 @@ class MemoryFit:
     margin: float
     flash_attention: bool
     candidates: list[Candidate]  # in speed order
+    grad_accum: int | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -140,7 +141,8 @@ class MemoryFit:
         chosen = self.chosen
         return {
             "model": self.shape.to_dict(),
-            "workload": {"seq": self.seq, "micro_batch": self.micro_batch, "flash_attention": self.flash_attention},
+            "workload": {"seq": self.seq, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                         "flash_attention": self.flash_attention},
             "hardware": self.hardware.to_dict(),
             "margin": self.margin,
             "usable_gpu_memory": int(self.hardware.gpu_memory * (1 - self.margin)),
@@ -212,12 +214,14 @@ def plan(
     *,
     seq: int | None = None,
     micro_batch: int = 1,
+    grad_accum: int | None = None,
     margin: float = DEFAULT_MARGIN,
     flash_attention: bool = False,
     zero_init: bool = False,
     **choices,
 ) -> MemoryFit:
-    """Estimate every configuration (``choices`` restrict them, see :func:`configurations`), fastest first."""
+    """Estimate every configuration (``choices`` restrict them, see :func:`configurations`), fastest first.
+    ``grad_accum``: micro-batches per step; None (not known) counts the gradients at the activations' peak."""
     if not 0 <= margin < 1:
         raise ConfigError(f"--margin {margin}: must be in [0, 1), e.g. 0.1 for 10 %", flag="--margin")
     for p in choices.get("precision") or ():
@@ -245,7 +249,7 @@ def plan(
             config, params=shape.params, largest_layer=shape.largest_layer, gpus=hardware.gpus,
             gpus_per_node=hardware.gpus_per_node, seq=seq, micro_batch=micro_batch, layers=shape.layers,
             hidden=shape.hidden, heads=shape.heads, vocab=shape.vocab, flash_attention=flash_attention,
-            zero_init=zero_init, trainable=shape.trainable,
+            zero_init=zero_init, trainable=shape.trainable, grad_accum=grad_accum,
         )
         candidates.append(
             Candidate(
@@ -263,5 +267,5 @@ def plan(
     )
     return MemoryFit(
         shape=shape, hardware=hardware, seq=seq, micro_batch=micro_batch, margin=margin,
-        flash_attention=flash_attention, candidates=candidates, notes=notes,
+        flash_attention=flash_attention, candidates=candidates, notes=notes, grad_accum=grad_accum,
     )

@@ -25,6 +25,7 @@ def emit_estimate(
             gpus_per_node=max(1, int(plan.scaling.num_workers)),
             trainable=trainable,
             zero_init=zero_init,
+            grad_accum=plan.grad_accum,
         )
     except Exception as exc:  # the estimate is advisory; never fail training for it
         log(f"raytrain: no memory estimate ({type(exc).__name__}: {exc})")

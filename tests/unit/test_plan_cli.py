@@ -37,8 +37,19 @@ def test_json_plan_matches_the_library():
     assert chosen["fits"] and chosen["gpu"]["total"] <= out["usable_gpu_memory"] == 72 * 10**9
     parts = chosen["gpu"]
     assert parts["total"] == parts["allocated"] + parts["overhead"]
-    assert parts["allocated"] == (parts["model_states"] + parts["zero3_working_set"] + parts["activations"]
-                                  + parts["buffers"])
+    # The peak: the gradients not accumulated across micro-batches are not live with the activations
+    # (no --grad-accum given: they are counted as accumulated, so only the fp32 copy overlaps)
+    persistent = parts["params"] + parts["optimizer"] + parts["zero3_working_set"] + parts["buffers"] + parts["grads"]
+    assert parts["allocated"] == persistent + max(parts["activations"], parts["grad_fp32"])
+    assert out["workload"]["grad_accum"] is None
+    one = json.loads(run(*FLAGS, "--grad-accum", "1", "--json").output)
+    p1 = next(c["gpu"] for c in one["candidates"] if c["zero"] == chosen["zero"] and c["tp"] == chosen["tp"]
+              and c["pp"] == chosen["pp"] and c["offload"] == chosen["offload"]
+              and c["checkpointing"] == chosen["checkpointing"])
+    assert p1["allocated"] == persistent - parts["grads"] + max(parts["activations"], parts["grads"] + parts["grad_fp32"])
+    assert p1["allocated"] <= parts["allocated"] and one["workload"]["grad_accum"] == 1
+    bad = run(*FLAGS, "--grad-accum", "0")
+    assert bad.exit_code != 0 and "--grad-accum 0" in bad.output
 
 
 def test_table_marks_the_choice():
