@@ -50,9 +50,10 @@ def _memory_axis(ax, run: RunMetrics, label_prefix: str = "", per_rank: bool = T
             ax.plot([s for s, _ in rows], [v / 1e9 for _, v in rows], marker=".", color=color,
                     label=f"{label_prefix}max over ranks")
     if run.estimate and run.estimate.get("gpu_total"):
-        per = "GPU" if run.memory_source == "gpu" else "worker"
-        ax.axhline(run.estimate["gpu_total"] / 1e9, linestyle="--", color=color or "grey",
-                   label=f"{label_prefix}planner estimate per {per}")
+        gpu = run.memory_source == "gpu"  # a CPU worker has no CUDA context or allocator reserve
+        value = run.estimate["gpu_total"] if gpu else (run.estimate.get("gpu_allocated") or run.estimate["gpu_total"])
+        ax.axhline(value / 1e9, linestyle="--", color=color or "grey",
+                   label=f"{label_prefix}planner estimate per {'GPU' if gpu else 'worker (training state)'}")
     ax.set_ylabel(f"peak {what} (GB)")
 
 

@@ -30,10 +30,17 @@ def memory_summary(facts: events.JobFacts) -> list[str]:
         e = facts.estimate
         trainable = e.get("trainable")
         frozen = f", {trainable:,} trainable" if isinstance(trainable, int) and trainable < e["params"] else ""
-        lines.append(
-            f"planner estimate per {'GPU' if gpu else 'worker'}: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
-            f"{e['params']:,} parameters{frozen}; activations not included)"
-        )
+        if gpu:
+            lines.append(
+                f"planner estimate per GPU: {gb(e['gpu_total'])} (model states {gb(e['model_states'])}, "
+                f"{e['params']:,} parameters{frozen}; activations not included)"
+            )
+        else:  # no CUDA context or allocator reserve on a CPU worker, and the process's own RSS is not modelled
+            lines.append(
+                f"planner estimate per worker: {gb(e.get('gpu_allocated') or e['gpu_total'])} of training state "
+                f"(model states {gb(e['model_states'])}, {e['params']:,} parameters{frozen}; activations and the "
+                "process itself not included)"
+            )
     return lines
 
 

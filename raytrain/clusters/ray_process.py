@@ -9,7 +9,6 @@ import ipaddress
 import json
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -55,11 +54,6 @@ def prepare_temp_dir() -> Path:
 def clear_stale_ray_state(path: Path) -> None:
     # After a stop, <temp>/ray_current_cluster makes the next ray.init() think a cluster is running.
     (path / "ray_current_cluster").unlink(missing_ok=True)
-
-
-def ray_executable() -> str:
-    candidate = Path(sys.executable).with_name("ray")
-    return str(candidate) if candidate.exists() else (shutil.which("ray") or "ray")
 
 
 def pid_alive(pid: int) -> bool:
@@ -161,7 +155,8 @@ def quiet_env() -> dict[str, str]:
 
 def spawn(args: list[str], *, token_path: Path, log_path: Path, extra_env: dict | None = None) -> subprocess.Popen:
     """``ray ARGS`` in its own session (so Ctrl-C in the shell does not reach it), output to ``log_path``,
-    authenticating with the token in ``token_path``."""
+    authenticating with the token in ``token_path``; through ``raytrain.clusters.ray_start``, which loads
+    only the dashboard modules raytrain uses."""
     env: dict[str, Any] = {
         **quiet_env(),
         **os.environ,
@@ -174,7 +169,7 @@ def spawn(args: list[str], *, token_path: Path, log_path: Path, extra_env: dict 
         env.pop(key, None)
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [ray_executable(), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            [sys.executable, "-m", "raytrain.clusters.ray_start", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,
         )
 

@@ -49,3 +49,24 @@ def test_status_lists_a_running_jobs_workers_per_node(cli):
     while workers_of(status := cli.json("cluster", "status"), job) and time.monotonic() < deadline:
         time.sleep(1)
     assert workers_of(status, job) == [] and status["nodes"][0]["workers"] == [], status
+
+
+def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_leaves_out(cli):
+    """The local head's dashboard loads only the modules raytrain and the dashboard's pages use
+    (raytrain.clusters.ray_start): jobs, the state API, nodes; not Serve's, Ray Data's or Ray Train's (whose runs
+    page needs a state-tracking actor raytrain does not start: with it loaded, it answers HTTP 500)."""
+    import requests
+
+    from pathlib import Path
+
+    base = f"http://127.0.0.1:{cli.env['RAYTRAIN_DASHBOARD_PORT']}"
+    token = (Path(cli.env["RAYTRAIN_HOME"]) / "auth_token").read_text().strip()
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def status(path):
+        return requests.get(base + path, headers=headers, timeout=30).status_code
+
+    assert status("/api/version") == 200 and status("/api/jobs/") == 200
+    assert status("/api/v0/actors?limit=10") == 200 and status("/nodes?view=summary") == 200
+    assert status("/api/serve/applications/") == 404 and status("/api/data/datasets/01000000") == 404
+    assert status("/api/train/v2/runs") == 404

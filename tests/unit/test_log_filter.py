@@ -79,11 +79,12 @@ def test_progress_printer_piped_output_is_clean():
 
 
 def test_memory_lines_say_per_gpu_only_for_gpu_workers():
-    estimate = {"event": "estimate", "gpu_total": 1e9, "model_states": 5e8, "params": 1000}
+    estimate = {"event": "estimate", "gpu_total": 3e9, "gpu_allocated": 7e8, "model_states": 5e8, "params": 1000}
     cpu = JobFacts(memory={0: {"rss_peak": 6e8}}, estimate=estimate)
-    assert "planner estimate per worker" in memory_summary(cpu)[1]
+    # a CPU worker: the training state the planner counts, not the GPU total (CUDA context, allocator reserve)
+    assert "planner estimate per worker: 0.70 GB of training state" in memory_summary(cpu)[1], memory_summary(cpu)
     gpu = JobFacts(memory={0: {"gpu_memory_peak": 6e8}}, estimate=estimate)
-    assert "planner estimate per GPU" in memory_summary(gpu)[1]
+    assert "planner estimate per GPU: 3.00 GB" in memory_summary(gpu)[1], memory_summary(gpu)
 
 
 def test_the_estimate_line_says_how_many_parameters_train_when_some_are_frozen():

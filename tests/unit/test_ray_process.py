@@ -134,3 +134,45 @@ def test_a_running_head_is_recognised_across_wall_clock_steps():
     finally:
         other.kill()
         other.wait()
+
+
+# -- the dashboard modules raytrain's `ray start` loads ---------------------------------------------------------
+def test_dashboard_modules_are_rays_and_leave_out_only_what_raytrain_never_calls():
+    from ray.dashboard.subprocesses.module import SubprocessModule
+    from ray.dashboard.utils import DashboardHeadModule, get_all_modules
+
+    from raytrain.clusters import ray_start
+
+    available = {c.__name__ for kind in (DashboardHeadModule, SubprocessModule) for c in get_all_modules(kind)}
+    chosen = set(ray_start.DASHBOARD_MODULES)
+    # a name Ray does not have would make the dashboard refuse to start (it asserts what it loaded)
+    assert chosen <= available, chosen - available
+    # jobs (and /api/version), the state API, nodes, the reporter and events (the agents post theirs) stay
+    assert {"JobHead", "StateHead", "NodeHead", "EventHead", "ReportHead"} <= chosen
+    assert not chosen & {"ServeHead", "DataHead", "MetricsHead", "TrainHead"}
+
+
+def test_dashboard_modules_follow_the_environment():
+    from raytrain.clusters.ray_start import DASHBOARD_MODULES, dashboard_command, modules_to_load
+
+    assert modules_to_load({}) == DASHBOARD_MODULES
+    assert modules_to_load({"RAYTRAIN_QUIET_HEAD": "0"}) is None  # Ray's defaults throughout
+    assert modules_to_load({"RAYTRAIN_DASHBOARD_MODULES": "all"}) is None
+    assert modules_to_load({"RAYTRAIN_DASHBOARD_MODULES": " JobHead, StateHead ,"}) == ("JobHead", "StateHead")
+    cmd = ["python", "dashboard.py", "--port=8265"]
+    assert dashboard_command(cmd, ("JobHead", "StateHead")) == [*cmd, "--modules-to-load=JobHead,StateHead"]
+    assert dashboard_command(cmd, None) == cmd
+    ray_own = [*cmd, "--modules-to-load=UsageStatsHead"]  # Ray's, with the dashboard off: left as it is
+    assert dashboard_command(ray_own, ("JobHead",)) == ray_own
+
+
+def test_the_quiet_head_starts_no_ray_client_server_and_no_autoscaler_monitor(monkeypatch, tmp_path):
+    from raytrain.clusters.local_head import _head_command
+    from raytrain.clusters.ray_start import ray_client_wanted
+
+    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    assert "--no-monitor" in _head_command(6390, 8275, tmp_path)
+    assert not ray_client_wanted({})
+    assert ray_client_wanted({"RAYTRAIN_RAY_CLIENT": "1"}) and ray_client_wanted({"RAYTRAIN_QUIET_HEAD": "0"})
+    monkeypatch.setenv("RAYTRAIN_QUIET_HEAD", "0")  # Ray's defaults
+    assert "--no-monitor" not in _head_command(6390, 8275, tmp_path)
