@@ -246,6 +246,10 @@ def test_ctrl_c_while_following_does_what_the_flags_say(cli, stop_flag, state):
         [sys.executable, "-m", "raytrain.cli.main", "submit", str(JOBS / "cnn.py"), "--workers", "1", "-q",
          *stop_flag, "--", "--steps", "1000", "--step-sleep", "0.5"],
         env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        # Ctrl-C at a terminal: SIGINT at its default in the CLI, also where the suite itself was started with
+        # SIGINT ignored (a shell's background job, nohup), which its children would inherit: Python then
+        # installs no KeyboardInterrupt handler and the CLI never sees the Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen = []
     deadline = time.monotonic() + 120
