@@ -12,7 +12,10 @@ from raytrain.cli.log_filter import LogFilter, wants_color
 
 
 def gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.2f} GB"
+    """GB with two decimals; below 0.1 GB in MB (a small model's states are not "0.00 GB")."""
+    if nbytes >= 1e8:
+        return f"{nbytes / 1e9:.2f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes / 1e6:.2f} MB"
 
 
 def memory_summary(facts: events.JobFacts) -> list[str]:

@@ -85,6 +85,10 @@ def test_memory_lines_say_per_gpu_only_for_gpu_workers():
     assert "planner estimate per worker: 0.70 GB of training state" in memory_summary(cpu)[1], memory_summary(cpu)
     gpu = JobFacts(memory={0: {"gpu_memory_peak": 6e8}}, estimate=estimate)
     assert "planner estimate per GPU: 3.00 GB" in memory_summary(gpu)[1], memory_summary(gpu)
+    tiny = JobFacts(memory={0: {"rss_peak": 6e8}},
+                    estimate={"event": "estimate", "gpu_total": 2e9, "gpu_allocated": 2_370_560, "model_states": 1_896_448,
+                              "params": 118_528})
+    assert "per worker: 2.4 MB of training state (model states 1.9 MB" in memory_summary(tiny)[1], memory_summary(tiny)
 
 
 def test_the_estimate_line_says_how_many_parameters_train_when_some_are_frozen():
