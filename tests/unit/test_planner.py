@@ -154,35 +154,43 @@ def test_activations_follow_korthikanti():
     assert activation_memory(**kw, vocab=32000) == L * per_layer + s * b * 32000 * (2 + 12)
 
 
-# Measured on one H200 (bench/gpu_device.sh, 2026-12-04: torch 2.11, DeepSpeed 0.19.8, bench/gpu_mfu.py's GPT of
-# 354,871,296 parameters, 24 layers, hidden 1024, 16 heads, vocab 50304, seq 1024, bf16, flash SDPA, one rank):
-# (ZeRO stage, micro-batch, grad-accum) -> (torch.cuda.max_memory_allocated, NVML's used peak), bytes.
-H200_GPT355M = {
-    (2, 16, 1): (29_559_226_368, 32_738_508_800),
-    (2, 32, 1): (54_081_486_848, 60_559_327_232),
-    (2, 64, 1): (103_126_007_808, 116_215_644_160),
-    (1, 16, 1): (29_559_226_368, 32_725_925_888),
-    (3, 16, 1): (31_267_634_688, 38_144_966_656),
-    (2, 8, 4): (18_007_552_512, 21_709_586_432),
-}
+# Measured on one H200 (bench/gpu_device.sh and bench/gpu_mfu.py, 2026-12-04: torch 2.11, DeepSpeed 0.19.8;
+# bench/gpu_mfu.py's GPT, vocab 50304, bf16 (and fp16, the same bytes), flash SDPA, one rank). The default shape:
+# 354,871,296 parameters, 24 layers, hidden 1024, 16 heads, seq 1024.
+# (ZeRO stage, micro-batch, grad-accum, shape changes) -> (torch.cuda.max_memory_allocated, NVML's used peak).
+GPT355M = dict(params=354_871_296, largest_layer=51_511_296, layers=24, hidden=1024, heads=16, seq=1024)
+H200_MEASURED = [
+    ((2, 16, 1, {}), (29_559_226_368, 32_738_508_800)),
+    ((2, 32, 1, {}), (54_081_486_848, 60_559_327_232)),
+    ((2, 64, 1, {}), (103_126_007_808, 116_215_644_160)),
+    ((1, 16, 1, {}), (29_559_226_368, 32_725_925_888)),
+    ((3, 16, 1, {}), (31_267_634_688, 38_144_966_656)),
+    ((2, 8, 4, {}), (18_007_552_512, 21_709_586_432)),
+    ((3, 16, 2, {}), (31_267_635_200, 38_144_966_656)),
+    ((1, 32, 1, dict(seq=512, params=354_347_008)), (29_552_025_600, 32_717_537_280)),
+    ((2, 8, 1, dict(layers=12, hidden=2048, seq=2048, params=711_520_256, largest_layer=103_022_592)),
+     (34_604_040_192, 38_136_578_048)),
+]
 
 
-def _gpt355m(zero: int, micro_batch: int, grad_accum: int | None):
-    return estimate(Config(zero=zero, precision="bf16"), params=354_871_296, largest_layer=51_511_296, gpus=1,
-                    gpus_per_node=1, seq=1024, micro_batch=micro_batch, layers=24, hidden=1024, heads=16,
-                    vocab=50304, flash_attention=True, grad_accum=grad_accum)
+def _gpt(zero: int, micro_batch: int, grad_accum: int | None, **shape):
+    s = {**GPT355M, **shape}
+    return estimate(Config(zero=zero, precision="bf16"), params=s["params"], largest_layer=s["largest_layer"], gpus=1,
+                    gpus_per_node=1, seq=s["seq"], micro_batch=micro_batch, layers=s["layers"], hidden=s["hidden"],
+                    heads=s["heads"], vocab=50304, flash_attention=True, grad_accum=grad_accum)
 
 
 def test_estimate_is_just_above_the_measured_peak():
-    """Calibration: for every layout measured the estimate is at or above what the GPU used, by at most 7 %
-    (allocated) and 13 % (the GPU total against NVML). The earlier sum (every component live at once, 10 bytes
-    per logit, 1 GB + 5 % overhead) was 0.93-1.01 and 0.87-0.98 of it: under, where it matters."""
-    for (zero, micro_batch, grad_accum), (allocated, nvml_used) in H200_GPT355M.items():
-        est = _gpt355m(zero, micro_batch, grad_accum)
-        assert 1.0 <= est.allocated / allocated <= 1.07, (zero, micro_batch, grad_accum, est.allocated / allocated)
-        assert 1.0 <= est.gpu_total / nvml_used <= 1.13, (zero, micro_batch, grad_accum, est.gpu_total / nvml_used)
+    """Calibration: for every layout and shape measured the estimate is at or above what the GPU used, by at
+    most 7 % (allocated) and 13 % (the GPU total against NVML). The earlier sum (every component live at once,
+    10 bytes per logit, 1 GB + 5 % overhead) was 0.93-1.01 and 0.87-0.98 of it: under, where it matters."""
+    for (zero, micro_batch, grad_accum, shape), (allocated, nvml_used) in H200_MEASURED:
+        est = _gpt(zero, micro_batch, grad_accum, **shape)
+        case = (zero, micro_batch, grad_accum, shape)
+        assert 1.0 <= est.allocated / allocated <= 1.07, (case, est.allocated / allocated)
+        assert 1.0 <= est.gpu_total / nvml_used <= 1.13, (case, est.gpu_total / nvml_used)
         # not knowing the accumulation counts the gradients as held: never less
-        assert _gpt355m(zero, micro_batch, None).allocated >= est.allocated
+        assert _gpt(zero, micro_batch, None, **shape).allocated >= est.allocated
 
 
 def test_peak_counts_gradients_only_where_they_are_live():
