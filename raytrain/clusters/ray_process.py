@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from raytrain import paths
 from raytrain.errors import ClusterError, ConfigError
@@ -145,8 +145,9 @@ QUIET_ENV = {
     "RAY_gcs_pull_resource_loads_period_milliseconds": "5000",
     "RAY_debug_dump_period_milliseconds": "60000",
 }
-def quiet() -> bool:
-    return os.environ.get("RAYTRAIN_QUIET_HEAD", "1") != "0"
+def quiet(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a node raytrain starts runs quieter than Ray's defaults (``RAYTRAIN_QUIET_HEAD``, default on)."""
+    return (os.environ if env is None else env).get("RAYTRAIN_QUIET_HEAD", "1") != "0"
 
 
 def quiet_env() -> dict[str, str]:

@@ -24,13 +24,15 @@ from __future__ import annotations
 import os
 import sys
 
+from raytrain.clusters.ray_process import quiet
+
 DASHBOARD_MODULES = ("JobHead", "StateHead", "NodeHead", "ReportHead", "EventHead", "UsageStatsHead")
 
 
 def modules_to_load(env: dict[str, str] | None = None) -> tuple[str, ...] | None:
     """The dashboard modules to load; None: all of them (Ray's default)."""
     env = os.environ if env is None else env
-    if env.get("RAYTRAIN_QUIET_HEAD", "1") == "0":
+    if not quiet(env):
         return None
     chosen = env.get("RAYTRAIN_DASHBOARD_MODULES", "").strip()
     if chosen.lower() == "all":
@@ -66,7 +68,7 @@ def limit_dashboard_modules(modules: tuple[str, ...] | None) -> None:
 
 def ray_client_wanted(env: dict[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return env.get("RAYTRAIN_QUIET_HEAD", "1") == "0" or env.get("RAYTRAIN_RAY_CLIENT", "0") == "1"
+    return not quiet(env) or env.get("RAYTRAIN_RAY_CLIENT", "0") == "1"
 
 
 def skip_ray_client_server() -> None:

@@ -59,8 +59,8 @@ The peak (``allocated``)
     of the two phases: ``params + optimizer + buffers + working set + max(activations, grads + grad_fp32)``.
     With gradient accumulation (``grad_accum > 1``, or unknown) the 16-bit gradients are held across
     micro-batches and count in both phases; so they do under ZeRO-3, which allocates its gradient partition
-    once for the whole run. Measured on an H200 (one rank; ZeRO-1, 2 and 3; micro-batch 8-64; grad-accum 1
-    and 4): without accumulation the peak is in the loss's backward, before any gradient exists; the
+    once for the whole run. Measured on an H200 (one rank; ZeRO-1, 2 and 3; micro-batch 8-64; grad-accum 1,
+    2 and 4; sequence 512-2048; hidden 1024 and 2048): without accumulation the peak is in the loss's backward, before any gradient exists; the
     estimate is 2-6 % above the measured peak, and the GPU total 1-12 % above NVML's.
 
 CPU memory per node
