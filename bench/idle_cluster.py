@@ -45,9 +45,9 @@ def process_tree(root: int) -> dict[int, tuple[str, float, int]]:
 
 def short(cmd: str) -> str:
     for mark in ("gcs_server", "raylet", "dashboard.py", "log_monitor", "DashboardAgent", "runtime_env",
-                 "ray.util.client.server", "monitor.py"):
+                 "ray.util.client.server", "monitor.py", "ray_dashboard", "ray_start", "forkserver"):
         if mark in cmd:
-            return mark
+            return {"ray_dashboard": "dashboard.py", "ray_start": "ray start"}.get(mark, mark)
     if cmd.startswith("ray-dashboard-"):
         return cmd.split(" ")[0]
     return cmd.split(" ")[0].rsplit("/", 1)[-1][:40]

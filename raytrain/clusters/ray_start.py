@@ -15,9 +15,12 @@ traces and profiles) and events (the agents post theirs to it).
 Nor does it start Ray Client's server (``ray://``, port 10001): raytrain talks to a cluster through the
 dashboard's jobs API only, and ``ray start`` cannot leave the server out (its port must be 1024-65535).
 
+The dashboard and the log monitor are started through raytrain's ``ray_dashboard`` and ``ray_log_monitor``
+(Ray's scripts, each with a hard-coded poll made slower; see there).
+
 ``RAYTRAIN_DASHBOARD_MODULES``: ``all`` for Ray's full set, or a comma-separated list of module class
 names. ``RAYTRAIN_RAY_CLIENT=1`` starts Ray Client's server. With ``RAYTRAIN_QUIET_HEAD=0`` (Ray's defaults
-throughout) every module loads and the client server starts.
+throughout) every module loads, the client server starts and Ray's scripts run as they are.
 """
 from __future__ import annotations
 
@@ -49,19 +52,44 @@ def dashboard_command(command: list[str], modules: tuple[str, ...] | None) -> li
     return [*command, "--modules-to-load=" + ",".join(modules)]
 
 
-def limit_dashboard_modules(modules: tuple[str, ...] | None) -> None:
-    """Make Ray start its dashboard with only ``modules`` (Ray builds the command in
-    ``services.start_api_server`` and starts it with ``services.start_ray_process``)."""
-    if modules is None:
+# The head's Python processes that raytrain runs through a module of its own (each docstring says what
+# changes): script file name in Ray's command line -> the module that runs it.
+QUIET_SCRIPTS = {"dashboard.py": "raytrain.clusters.ray_dashboard", "log_monitor.py": "raytrain.clusters.ray_log_monitor"}
+
+
+def via_module(command: list[str], script: str, module: str) -> list[str]:
+    """``[python, -u, .../SCRIPT, args...]`` -> ``[python, -u, -m, MODULE, args...]`` (unchanged if no such script)."""
+    for i, part in enumerate(command):
+        if str(part).endswith(os.sep + script):
+            return [*command[:i], "-m", module, *command[i + 1:]]
+    return list(command)
+
+
+def head_command(command: list[str], process_type: str, modules: tuple[str, ...] | None, quiet_polls: bool) -> list[str]:
+    """How raytrain starts one of the head's processes, given Ray's command line for it."""
+    from ray._private import ray_constants
+
+    if process_type == ray_constants.PROCESS_TYPE_DASHBOARD:
+        command = dashboard_command(command, modules)
+        if quiet_polls:
+            command = via_module(command, "dashboard.py", QUIET_SCRIPTS["dashboard.py"])
+    elif process_type == ray_constants.PROCESS_TYPE_LOG_MONITOR and quiet_polls:
+        command = via_module(command, "log_monitor.py", QUIET_SCRIPTS["log_monitor.py"])
+    return command
+
+
+def start_head_processes_quietly(modules: tuple[str, ...] | None, quiet_polls: bool) -> None:
+    """Make Ray start its dashboard with only ``modules`` and, with ``quiet_polls``, the dashboard and the log
+    monitor through raytrain's modules (Ray builds each command in ``services.start_*`` and starts it with
+    ``services.start_ray_process``)."""
+    if modules is None and not quiet_polls:
         return
-    from ray._private import ray_constants, services
+    from ray._private import services
 
     start = services.start_ray_process
 
     def start_ray_process(command, process_type, *args, **kwargs):
-        if process_type == ray_constants.PROCESS_TYPE_DASHBOARD:
-            command = dashboard_command(command, modules)
-        return start(command, process_type, *args, **kwargs)
+        return start(head_command(command, process_type, modules, quiet_polls), process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
 
@@ -79,7 +107,7 @@ def skip_ray_client_server() -> None:
 
 
 def main() -> None:
-    limit_dashboard_modules(modules_to_load())
+    start_head_processes_quietly(modules_to_load(), quiet())
     if not ray_client_wanted():
         skip_ray_client_server()
     from ray.scripts.scripts import main as ray_main

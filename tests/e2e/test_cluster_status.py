@@ -70,3 +70,21 @@ def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_le
     assert status("/api/v0/actors?limit=10") == 200 and status("/nodes?view=summary") == 200
     assert status("/api/serve/applications/") == 404 and status("/api/data/datasets/01000000") == 404
     assert status("/api/train/v2/runs") == 404
+
+    # the dashboard, its module processes (forked from a forkserver that imports raytrain's module first) and
+    # the log monitor run through raytrain's modules, which poll less often (raytrain.clusters.ray_dashboard,
+    # ray_log_monitor); the module answers above show the dashboard works that way
+    import json
+    import os
+
+    head = json.loads((Path(cli.env["RAYTRAIN_HOME"]) / "cluster.json").read_text())["pid"]
+    commands = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.getsid(int(name)) == head:
+                commands.append(Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace").replace("\0", " "))
+        except OSError:
+            continue
+    assert any("-m raytrain.clusters.ray_dashboard " in c for c in commands), commands
+    assert any("-m raytrain.clusters.ray_log_monitor " in c for c in commands), commands
+    assert any("multiprocessing.forkserver" in c and "raytrain.clusters.ray_dashboard" in c for c in commands), commands

@@ -1,0 +1,101 @@
+"""The head's processes raytrain runs through modules of its own (raytrain.clusters.ray_dashboard,
+ray_log_monitor): which commands are rewritten, and that what they change still exists in the installed Ray
+(a Ray upgrade that moved it must fail here, not leave the head silently on Ray's polls or broken)."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import time
+
+from raytrain.clusters import ray_dashboard, ray_log_monitor
+from raytrain.clusters.ray_start import head_command, via_module
+
+PY = ["/venv/bin/python", "-u"]
+DASHBOARD = os.path.join("/venv", "ray", "dashboard", "dashboard.py")
+LOG_MONITOR = os.path.join("/venv", "ray", "_private", "log_monitor.py")
+
+
+def test_the_dashboard_and_the_log_monitor_run_through_raytrains_modules_on_a_quiet_head():
+    cmd = [*PY, DASHBOARD, "--port=8265"]
+    assert head_command(cmd, "dashboard", ("JobHead",), True) == [
+        *PY, "-m", "raytrain.clusters.ray_dashboard", "--port=8265", "--modules-to-load=JobHead"]
+    lm = [*PY, LOG_MONITOR, "--session-dir=/tmp/s"]
+    assert head_command(lm, "log_monitor", None, True) == [*PY, "-m", "raytrain.clusters.ray_log_monitor", "--session-dir=/tmp/s"]
+    # Ray's own polls (RAYTRAIN_QUIET_HEAD=0): the scripts as Ray starts them
+    assert head_command(cmd, "dashboard", None, False) == cmd and head_command(lm, "log_monitor", None, False) == lm
+    raylet = ["/venv/ray/core/src/ray/raylet/raylet", "--node-ip-address=127.0.0.1"]
+    assert head_command(raylet, "raylet", ("JobHead",), True) == raylet
+    # a command without the script (Ray changed how it starts it) is left as it is
+    assert via_module(["python", "other.py"], "dashboard.py", "m") == ["python", "other.py"]
+
+
+def test_the_scripts_raytrain_runs_exist_where_it_looks_for_them():
+    assert os.path.isfile(ray_dashboard.dashboard_script())
+    assert os.path.isfile(ray_log_monitor.log_monitor_script())
+
+
+def test_each_dashboard_poll_is_the_only_one_second_sleep_of_its_ray_module():
+    """ray_dashboard stretches every ``asyncio.sleep(1)`` of two Ray modules: each must have exactly one,
+    in the poll it means to slow (the dashboard's health check of a module; a module's check of its parent)."""
+    from ray.dashboard.subprocesses import handle, module
+
+    for mod, method in ((handle, handle.SubprocessModuleHandle._do_periodic_health_check),
+                        (module, module.SubprocessModule._detect_parent_process_death)):
+        assert inspect.getsource(mod).count("asyncio.sleep(") == 1 and "asyncio.sleep(1)" in inspect.getsource(method)
+    assert hasattr(handle.SubprocessModuleHandle, "preload_in_forkserver")
+
+
+def test_a_stretched_asyncio_changes_only_the_one_second_sleep():
+    mod = ray_dashboard.stretched_asyncio(0.05)
+    assert mod.gather is asyncio.gather and mod.Event is asyncio.Event
+
+    async def timed(delay):
+        t0 = time.monotonic()
+        assert await mod.sleep(delay, "r") == "r"
+        return time.monotonic() - t0
+
+    assert 0.04 <= asyncio.run(timed(1)) < 0.5  # the poll: 0.05 s here
+    assert asyncio.run(timed(0)) < 0.04  # any other sleep as asked
+
+
+def test_the_dashboard_patch_reaches_the_module_processes_through_the_forkserver(monkeypatch):
+    """The dashboard adds raytrain's module to what the forkserver imports before forking each module process;
+    importing it there slows the module's parent check."""
+    from multiprocessing import forkserver
+
+    from ray.dashboard.subprocesses import handle, module
+
+    monkeypatch.setattr(handle, "asyncio", handle.asyncio)
+    monkeypatch.setattr(module, "asyncio", module.asyncio)
+    monkeypatch.setattr(handle.SubprocessModuleHandle, "preload_in_forkserver",
+                        handle.SubprocessModuleHandle.__dict__["preload_in_forkserver"])
+    monkeypatch.setattr(forkserver._forkserver, "_preload_modules", list(forkserver._forkserver._preload_modules))
+    ray_dashboard.slow_health_checks()
+    ray_dashboard.slow_module_parent_check()
+    assert handle.asyncio is not asyncio and module.asyncio is not asyncio
+    handle.SubprocessModuleHandle.preload_in_forkserver([module.SubprocessModule])
+    assert forkserver._forkserver._preload_modules[-1] == "raytrain.clusters.ray_dashboard"
+    assert "ray" in forkserver._forkserver._preload_modules
+
+
+def test_the_log_monitor_sleeps_longer_only_when_idle():
+    with open(ray_log_monitor.log_monitor_script(), encoding="utf-8") as f:
+        source = f.read()
+    patched = ray_log_monitor.patched_source(source, 0.5)
+    assert "time.sleep(0.1)" not in patched and patched.count("time.sleep(0.5)") == 1
+    compile(patched, "log_monitor.py", "exec")
+    # anything but exactly one idle sleep: Ray's script as it is
+    assert ray_log_monitor.patched_source("x = 1\n", 0.5) == "x = 1\n"
+    twice = "time.sleep(0.1)\ntime.sleep(0.1)\n"
+    assert ray_log_monitor.patched_source(twice, 0.5) == twice
+
+
+def test_poll_periods_follow_the_environment(monkeypatch):
+    monkeypatch.setenv("RAYTRAIN_LOG_POLL_S", "0.25")
+    assert ray_log_monitor.poll_s() == 0.25
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("RAYTRAIN_LOG_POLL_S", bad)
+        assert ray_log_monitor.poll_s() == ray_log_monitor.POLL_S
+    monkeypatch.setenv("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", "3")
+    assert ray_dashboard._seconds("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", 10.0) == 3.0
