@@ -88,3 +88,46 @@ def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_le
     assert any("-m raytrain.clusters.ray_dashboard " in c for c in commands), commands
     assert any("-m raytrain.clusters.ray_log_monitor " in c for c in commands), commands
     assert any("multiprocessing.forkserver" in c and "raytrain.clusters.ray_dashboard" in c for c in commands), commands
+
+
+def test_a_dashboard_module_that_dies_is_restarted_by_the_slower_health_check(cli):
+    """raytrain.clusters.ray_dashboard health-checks the dashboard's modules every 10 s, not every second: a
+    module process that dies is still found and restarted (forked again from the forkserver), and its API
+    answers again."""
+    import json
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    import requests
+
+    base = f"http://127.0.0.1:{cli.env['RAYTRAIN_DASHBOARD_PORT']}"
+    headers = {"Authorization": f"Bearer {(Path(cli.env['RAYTRAIN_HOME']) / 'auth_token').read_text().strip()}"}
+    head = json.loads((Path(cli.env["RAYTRAIN_HOME"]) / "cluster.json").read_text())["pid"]
+
+    def state_module() -> int | None:
+        for name in os.listdir("/proc"):
+            try:
+                if name.isdigit() and os.getsid(int(name)) == head:
+                    if Path(f"/proc/{name}/cmdline").read_bytes().startswith(b"ray-dashboard-StateHead"):
+                        return int(name)
+            except OSError:
+                continue
+        return None
+
+    def actors_status() -> int:
+        return requests.get(base + "/api/v0/actors?limit=5", headers=headers, timeout=30).status_code
+
+    assert actors_status() == 200
+    old = state_module()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 60  # the next health check (10 s), then the module's start
+    while time.monotonic() < deadline:
+        new = state_module()
+        if new not in (None, old) and actors_status() == 200:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("the killed StateHead module was not restarted within 60 s")
