@@ -22,16 +22,10 @@ import runpy
 import sys
 import types
 
+from raytrain.clusters.ray_process import env_seconds
+
 HEALTH_CHECK_S = 10.0
 PARENT_CHECK_S = 5.0
-
-
-def _seconds(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
 
 
 def stretched_asyncio(seconds: float) -> types.ModuleType:
@@ -53,7 +47,7 @@ def slow_module_parent_check() -> None:
     """In a module process: check the dashboard is alive every PARENT_CHECK_S, not every second."""
     from ray.dashboard.subprocesses import module
 
-    module.asyncio = stretched_asyncio(_seconds("RAYTRAIN_DASHBOARD_PARENT_CHECK_S", PARENT_CHECK_S))
+    module.asyncio = stretched_asyncio(env_seconds("RAYTRAIN_DASHBOARD_PARENT_CHECK_S", PARENT_CHECK_S))
 
 
 def slow_health_checks() -> None:
@@ -61,7 +55,7 @@ def slow_health_checks() -> None:
     from the forkserver, which imports this module first) check its parent less often."""
     from ray.dashboard.subprocesses import handle
 
-    handle.asyncio = stretched_asyncio(_seconds("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", HEALTH_CHECK_S))
+    handle.asyncio = stretched_asyncio(env_seconds("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", HEALTH_CHECK_S))
     cls = handle.SubprocessModuleHandle
     preload = cls.preload_in_forkserver.__func__
 

@@ -13,16 +13,10 @@ from __future__ import annotations
 import os
 import sys
 
+from raytrain.clusters.ray_process import env_seconds
+
 POLL_S = 0.5
 IDLE_SLEEP = "time.sleep(0.1)"
-
-
-def poll_s() -> float:
-    try:
-        value = float(os.environ.get("RAYTRAIN_LOG_POLL_S", POLL_S))
-    except ValueError:
-        return POLL_S
-    return value if value > 0 else POLL_S
 
 
 def log_monitor_script() -> str:
@@ -41,7 +35,7 @@ def patched_source(source: str, seconds: float) -> str:
 def main() -> None:
     script = log_monitor_script()
     with open(script, encoding="utf-8") as f:
-        source = patched_source(f.read(), poll_s())
+        source = patched_source(f.read(), env_seconds("RAYTRAIN_LOG_POLL_S", POLL_S))
     sys.argv[0] = script
     code = compile(source, script, "exec")
     exec(code, {"__name__": "__main__", "__file__": script, "__builtins__": __builtins__})

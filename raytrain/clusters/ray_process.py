@@ -150,6 +150,16 @@ def quiet(env: Mapping[str, str] | None = None) -> bool:
     return (os.environ if env is None else env).get("RAYTRAIN_QUIET_HEAD", "1") != "0"
 
 
+def env_seconds(name: str, default: float) -> float:
+    """A period in seconds from the environment variable ``name``; ``default`` when unset, not a number or not
+    above 0."""
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
 def quiet_env() -> dict[str, str]:
     return dict(QUIET_ENV) if quiet() else {}
 

@@ -53,8 +53,11 @@ def dashboard_command(command: list[str], modules: tuple[str, ...] | None) -> li
 
 
 # The head's Python processes that raytrain runs through a module of its own (each docstring says what
-# changes): script file name in Ray's command line -> the module that runs it.
-QUIET_SCRIPTS = {"dashboard.py": "raytrain.clusters.ray_dashboard", "log_monitor.py": "raytrain.clusters.ray_log_monitor"}
+# changes): Ray's process type -> (the script file in Ray's command line, the module that runs it instead).
+QUIET_SCRIPTS = {
+    "dashboard": ("dashboard.py", "raytrain.clusters.ray_dashboard"),  # ray_constants.PROCESS_TYPE_DASHBOARD
+    "log_monitor": ("log_monitor.py", "raytrain.clusters.ray_log_monitor"),  # PROCESS_TYPE_LOG_MONITOR
+}
 
 
 def via_module(command: list[str], script: str, module: str) -> list[str]:
@@ -71,10 +74,8 @@ def head_command(command: list[str], process_type: str, modules: tuple[str, ...]
 
     if process_type == ray_constants.PROCESS_TYPE_DASHBOARD:
         command = dashboard_command(command, modules)
-        if quiet_polls:
-            command = via_module(command, "dashboard.py", QUIET_SCRIPTS["dashboard.py"])
-    elif process_type == ray_constants.PROCESS_TYPE_LOG_MONITOR and quiet_polls:
-        command = via_module(command, "log_monitor.py", QUIET_SCRIPTS["log_monitor.py"])
+    if quiet_polls and process_type in QUIET_SCRIPTS:
+        command = via_module(command, *QUIET_SCRIPTS[process_type])
     return command
 
 

@@ -9,7 +9,7 @@ import os
 import time
 
 from raytrain.clusters import ray_dashboard, ray_log_monitor
-from raytrain.clusters.ray_start import head_command, via_module
+from raytrain.clusters.ray_start import QUIET_SCRIPTS, head_command, via_module
 
 PY = ["/venv/bin/python", "-u"]
 DASHBOARD = os.path.join("/venv", "ray", "dashboard", "dashboard.py")
@@ -26,6 +26,10 @@ def test_the_dashboard_and_the_log_monitor_run_through_raytrains_modules_on_a_qu
     assert head_command(cmd, "dashboard", None, False) == cmd and head_command(lm, "log_monitor", None, False) == lm
     raylet = ["/venv/ray/core/src/ray/raylet/raylet", "--node-ip-address=127.0.0.1"]
     assert head_command(raylet, "raylet", ("JobHead",), True) == raylet
+    # the table is keyed by Ray's own process types
+    from ray._private import ray_constants
+
+    assert set(QUIET_SCRIPTS) == {ray_constants.PROCESS_TYPE_DASHBOARD, ray_constants.PROCESS_TYPE_LOG_MONITOR}
     # a command without the script (Ray changed how it starts it) is left as it is
     assert via_module(["python", "other.py"], "dashboard.py", "m") == ["python", "other.py"]
 
@@ -92,10 +96,12 @@ def test_the_log_monitor_sleeps_longer_only_when_idle():
 
 
 def test_poll_periods_follow_the_environment(monkeypatch):
+    from raytrain.clusters.ray_process import env_seconds
+
     monkeypatch.setenv("RAYTRAIN_LOG_POLL_S", "0.25")
-    assert ray_log_monitor.poll_s() == 0.25
+    assert env_seconds("RAYTRAIN_LOG_POLL_S", ray_log_monitor.POLL_S) == 0.25
     for bad in ("0", "-1", "soon"):
         monkeypatch.setenv("RAYTRAIN_LOG_POLL_S", bad)
-        assert ray_log_monitor.poll_s() == ray_log_monitor.POLL_S
+        assert env_seconds("RAYTRAIN_LOG_POLL_S", ray_log_monitor.POLL_S) == ray_log_monitor.POLL_S
     monkeypatch.setenv("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", "3")
-    assert ray_dashboard._seconds("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", 10.0) == 3.0
+    assert env_seconds("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", ray_dashboard.HEALTH_CHECK_S) == 3.0
