@@ -51,20 +51,41 @@ def test_status_lists_a_running_jobs_workers_per_node(cli):
     assert workers_of(status, job) == [] and status["nodes"][0]["workers"] == [], status
 
 
-def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_leaves_out(cli):
-    """The local head's dashboard loads only the modules raytrain and the dashboard's pages use
-    (raytrain.clusters.ray_start): jobs, the state API, nodes; not Serve's, Ray Data's or Ray Train's (whose runs
-    page needs a state-tracking actor raytrain does not start: with it loaded, it answers HTTP 500)."""
+def _dashboard_status(cli, path: str) -> int:
+    """The HTTP status of ``GET path`` on the e2e cluster's dashboard, with the cluster's token."""
     import requests
 
     from pathlib import Path
 
-    base = f"http://127.0.0.1:{cli.env['RAYTRAIN_DASHBOARD_PORT']}"
     token = (Path(cli.env["RAYTRAIN_HOME"]) / "auth_token").read_text().strip()
-    headers = {"Authorization": f"Bearer {token}"}
+    url = f"http://127.0.0.1:{cli.env['RAYTRAIN_DASHBOARD_PORT']}{path}"
+    return requests.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=30).status_code
+
+
+def _head_processes(cli) -> dict[int, str]:
+    """pid -> command line of every process in the local head's session (its ``ray start`` is the leader)."""
+    import os
+
+    from pathlib import Path
+
+    head = json.loads((Path(cli.env["RAYTRAIN_HOME"]) / "cluster.json").read_text())["pid"]
+    found = {}
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.getsid(int(name)) == head:
+                found[int(name)] = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+        except OSError:
+            continue
+    return found
+
+
+def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_leaves_out(cli):
+    """The local head's dashboard loads only the modules raytrain and the dashboard's pages use
+    (raytrain.clusters.ray_start): jobs, the state API, nodes; not Serve's, Ray Data's or Ray Train's (whose runs
+    page needs a state-tracking actor raytrain does not start: with it loaded, it answers HTTP 500)."""
 
     def status(path):
-        return requests.get(base + path, headers=headers, timeout=30).status_code
+        return _dashboard_status(cli, path)
 
     assert status("/api/version") == 200 and status("/api/jobs/") == 200
     assert status("/api/v0/actors?limit=10") == 200 and status("/nodes?view=summary") == 200
@@ -74,17 +95,7 @@ def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_le
     # the dashboard, its module processes (forked from a forkserver that imports raytrain's module first) and
     # the log monitor run through raytrain's modules, which poll less often (raytrain.clusters.ray_dashboard,
     # ray_log_monitor); the module answers above show the dashboard works that way
-    import json
-    import os
-
-    head = json.loads((Path(cli.env["RAYTRAIN_HOME"]) / "cluster.json").read_text())["pid"]
-    commands = []
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and os.getsid(int(name)) == head:
-                commands.append(Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace").replace("\0", " "))
-        except OSError:
-            continue
+    commands = list(_head_processes(cli).values())
     assert any("-m raytrain.clusters.ray_dashboard " in c for c in commands), commands
     assert any("-m raytrain.clusters.ray_log_monitor " in c for c in commands), commands
     assert any("multiprocessing.forkserver" in c and "raytrain.clusters.ray_dashboard" in c for c in commands), commands
@@ -94,30 +105,14 @@ def test_a_dashboard_module_that_dies_is_restarted_by_the_slower_health_check(cl
     """raytrain.clusters.ray_dashboard health-checks the dashboard's modules every 10 s, not every second: a
     module process that dies is still found and restarted (forked again from the forkserver), and its API
     answers again."""
-    import json
     import os
     import signal
-    import time
-    from pathlib import Path
-
-    import requests
-
-    base = f"http://127.0.0.1:{cli.env['RAYTRAIN_DASHBOARD_PORT']}"
-    headers = {"Authorization": f"Bearer {(Path(cli.env['RAYTRAIN_HOME']) / 'auth_token').read_text().strip()}"}
-    head = json.loads((Path(cli.env["RAYTRAIN_HOME"]) / "cluster.json").read_text())["pid"]
 
     def state_module() -> int | None:
-        for name in os.listdir("/proc"):
-            try:
-                if name.isdigit() and os.getsid(int(name)) == head:
-                    if Path(f"/proc/{name}/cmdline").read_bytes().startswith(b"ray-dashboard-StateHead"):
-                        return int(name)
-            except OSError:
-                continue
-        return None
+        return next((pid for pid, c in _head_processes(cli).items() if c.startswith("ray-dashboard-StateHead")), None)
 
     def actors_status() -> int:
-        return requests.get(base + "/api/v0/actors?limit=5", headers=headers, timeout=30).status_code
+        return _dashboard_status(cli, "/api/v0/actors?limit=5")
 
     assert actors_status() == 200
     old = state_module()
