@@ -23,6 +23,7 @@ PHASES: list[tuple[str, str, str]] = [
     ("submitted", "client", "cluster ready and checked; request sent"),
     ("job_accepted", "ray", "the Ray job was created"),
     ("driver_started", "driver", "the driver process started (runtime env ready)"),
+    ("prestart", "driver", "the controller's and workers' processes asked of the node ahead of the trainer"),
     ("data_ready", "driver", "--data streaming: its first rows read and preprocessed by Ray Data"),
     ("driver_ready", "driver", "driver imports, ray.init, cluster checks and the trainer done"),
     ("workers_started", "controller", "placement group ready, worker processes up"),
@@ -142,12 +143,13 @@ def timeline(events: Iterable[dict], job_accepted: float | None = None) -> list[
     return rows
 
 
-def emit(phase: str, t: float | None = None, rank: int | None = None) -> None:
+def emit(phase: str, t: float | None = None, rank: int | None = None, **detail: Any) -> None:
     """Write the phase into the job's log (from the driver, the controller or a worker); a phase marked now
-    carries the CPU seconds this process has used (``cpu``: comparable where wall time is not, on a busy node)."""
+    carries the CPU seconds this process has used (``cpu``: comparable where wall time is not, on a busy node).
+    ``detail``: more fields for the event (e.g. how many processes a phase asked for)."""
     from raytrain import events
 
-    data: dict[str, Any] = {"phase": phase, "t": round(t if t is not None else time.time(), 3)}
+    data: dict[str, Any] = {**detail, "phase": phase, "t": round(t if t is not None else time.time(), 3)}
     if t is None:
         data["cpu"] = round(time.process_time(), 3)
     if rank is not None:

@@ -18,6 +18,12 @@ dashboard's jobs API only, and ``ray start`` cannot leave the server out (its po
 The dashboard and the log monitor are started through raytrain's ``ray_dashboard`` and ``ray_log_monitor``
 (Ray's scripts, each with a hard-coded poll made slower; see there).
 
+Every worker process starts through raytrain's ``ray_setup_worker`` (Ray's ``setup_worker.py`` without
+importing Ray; see there). The raylet may start at least ``MIN_STARTUP_CONCURRENCY`` worker processes at once (Ray allows as many as
+the node has CPUs: 2 on a 2-CPU node, where a job's start asks for its Train controller, the controller's
+synchronisation actor and a process per worker at the same moment; see raytrain.runtime.prestart).
+``RAYTRAIN_STARTUP_CONCURRENCY`` sets the floor (0: Ray's rule).
+
 ``RAYTRAIN_DASHBOARD_MODULES``: ``all`` for Ray's full set, or a comma-separated list of module class
 names. ``RAYTRAIN_RAY_CLIENT=1`` starts Ray Client's server. With ``RAYTRAIN_QUIET_HEAD=0`` (Ray's defaults
 throughout) every module loads, the client server starts and Ray's scripts run as they are.
@@ -68,29 +74,79 @@ def via_module(command: list[str], script: str, module: str) -> list[str]:
     return list(command)
 
 
-def head_command(command: list[str], process_type: str, modules: tuple[str, ...] | None, quiet_polls: bool) -> list[str]:
-    """How raytrain starts one of the head's processes, given Ray's command line for it."""
+MIN_STARTUP_CONCURRENCY = 4
+STARTUP_FLAG = "--maximum_startup_concurrency="
+
+
+def startup_concurrency(env: dict[str, str] | None = None) -> int:
+    """The floor for the raylet's ``--maximum_startup_concurrency`` (0: leave Ray's value)."""
+    env = os.environ if env is None else env
+    value = env.get("RAYTRAIN_STARTUP_CONCURRENCY", "").strip()
+    return int(value) if value.isdigit() else MIN_STARTUP_CONCURRENCY
+
+
+WORKER_COMMAND_FLAG = "--python_worker_command="
+RAY_SETUP_WORKER = os.path.join("_private", "workers", "setup_worker.py")
+
+
+def light_setup_worker() -> bool:
+    return os.environ.get("RAYTRAIN_LIGHT_SETUP_WORKER", "1") != "0"
+
+
+def worker_command(value: str, setup_worker: str) -> str:
+    """The raylet's ``--python_worker_command`` value with Ray's setup_worker.py replaced by ``setup_worker``
+    (unchanged unless Ray's script is in it exactly once and neither path needs quoting)."""
+    parts = value.split(" ")
+    hits = [i for i, p in enumerate(parts) if p.endswith(os.sep + RAY_SETUP_WORKER)]
+    if len(hits) != 1 or any(c in setup_worker for c in " \t\"'"):
+        return value
+    parts[hits[0]] = setup_worker
+    return " ".join(parts)
+
+
+def raylet_command(command: list[str], floor: int, setup_worker: str | None = None) -> list[str]:
+    """The raylet's command line with ``--maximum_startup_concurrency`` at least ``floor`` and, given
+    ``setup_worker``, its workers started through that script."""
+    out = []
+    for part in command:
+        text = str(part)
+        if floor and text.startswith(STARTUP_FLAG) and text[len(STARTUP_FLAG):].isdigit():
+            part = STARTUP_FLAG + str(max(int(text[len(STARTUP_FLAG):]), floor))
+        elif setup_worker and text.startswith(WORKER_COMMAND_FLAG):
+            part = WORKER_COMMAND_FLAG + worker_command(text[len(WORKER_COMMAND_FLAG):], setup_worker)
+        out.append(part)
+    return out
+
+
+def head_command(command: list[str], process_type: str, modules: tuple[str, ...] | None, quiet_polls: bool,
+                 min_startup: int = 0, setup_worker: str | None = None) -> list[str]:
+    """How raytrain starts one of the node's processes, given Ray's command line for it."""
     from ray._private import ray_constants
 
     if process_type == ray_constants.PROCESS_TYPE_DASHBOARD:
         command = dashboard_command(command, modules)
+    if process_type == ray_constants.PROCESS_TYPE_RAYLET and (min_startup or setup_worker):
+        command = raylet_command(command, min_startup, setup_worker)
     if quiet_polls and process_type in QUIET_SCRIPTS:
         command = via_module(command, *QUIET_SCRIPTS[process_type])
     return command
 
 
-def start_head_processes_quietly(modules: tuple[str, ...] | None, quiet_polls: bool) -> None:
-    """Make Ray start its dashboard with only ``modules`` and, with ``quiet_polls``, the dashboard and the log
-    monitor through raytrain's modules (Ray builds each command in ``services.start_*`` and starts it with
-    ``services.start_ray_process``)."""
-    if modules is None and not quiet_polls:
+def start_head_processes_quietly(modules: tuple[str, ...] | None, quiet_polls: bool, min_startup: int = 0,
+                                 setup_worker: str | None = None) -> None:
+    """Make Ray start its dashboard with only ``modules``, its raylet with a startup concurrency of at least
+    ``min_startup`` and its workers through ``setup_worker`` and, with ``quiet_polls``, the dashboard and the
+    log monitor through raytrain's modules (Ray builds each command in ``services.start_*`` and starts it
+    with ``services.start_ray_process``)."""
+    if modules is None and not quiet_polls and not min_startup and not setup_worker:
         return
     from ray._private import services
 
     start = services.start_ray_process
 
     def start_ray_process(command, process_type, *args, **kwargs):
-        return start(head_command(command, process_type, modules, quiet_polls), process_type, *args, **kwargs)
+        command = head_command(command, process_type, modules, quiet_polls, min_startup, setup_worker)
+        return start(command, process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
 
@@ -108,7 +164,10 @@ def skip_ray_client_server() -> None:
 
 
 def main() -> None:
-    start_head_processes_quietly(modules_to_load(), quiet())
+    from raytrain.clusters import ray_setup_worker
+
+    setup_worker = ray_setup_worker.__file__ if light_setup_worker() else None
+    start_head_processes_quietly(modules_to_load(), quiet(), startup_concurrency(), setup_worker)
     if not ray_client_wanted():
         skip_ray_client_server()
     from ray.scripts.scripts import main as ray_main

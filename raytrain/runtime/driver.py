@@ -168,6 +168,24 @@ def worker_imports(plan: Plan) -> list[str]:
     return modules + (["transformers"] if uses_hf else [])
 
 
+def prestart_processes(plan: Plan, worker_env: dict) -> None:
+    """Have the node start Ray Train's controller and worker processes now (raytrain.runtime.prestart): they
+    boot, and the workers import torch and DeepSpeed, while this driver imports Ray Train and loads data. A
+    failure here costs only the head start."""
+    from raytrain.runtime import prestart
+
+    scaling = plan.scaling
+    try:
+        asked = prestart.start(scaling.num_workers, scaling.resources_per_worker, worker_env,
+                               min_workers=scaling.min_workers if scaling.elastic else scaling.num_workers)
+    except Exception as exc:  # noqa: BLE001 - the processes start later, as Ray would start them
+        if os.environ.get("RAYTRAIN_VERBOSE"):
+            print(f"raytrain: could not start the job's processes ahead: {exc}", file=sys.stderr)
+        return
+    if asked["controller"] or asked["workers"]:
+        timings.emit("prestart", **asked)
+
+
 def read_plan() -> Plan:
     """The plan the CLI resolved, from ``$RAYTRAIN_PLAN`` (missing fields take the Plan's defaults)."""
     return Plan.from_dict(json.loads(os.environ["RAYTRAIN_PLAN"]))
@@ -256,6 +274,7 @@ def end_trackers_when_stopped(plan: Plan, run_name: str) -> None:
 
 def main() -> int:
     from raytrain import run_record, timings
+    from raytrain.runtime import early_imports
 
     plan = read_plan()
     run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
@@ -303,6 +322,9 @@ def main() -> int:
             emit(events.INVALID, message=str(exc))
             return EXIT_CANNOT_RUN
 
+    worker_env = early_imports.worker_runtime_env(
+        worker_imports(plan), scaling.use_gpu, scaling.resources_per_worker.get("CPU"), plan.env)
+    prestart_processes(plan, worker_env)
     feeders, problem = load_datasets(plan)  # held until fit() returns: the workers read from them
     if problem:
         emit(events.ERROR, type="DataError", rank=None, message=problem)
@@ -310,7 +332,7 @@ def main() -> int:
 
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    from raytrain.runtime import early_imports, torch_backend
+    from raytrain.runtime import torch_backend
     from raytrain.runtime.worker import train_loop_per_worker
 
     emit(
@@ -346,8 +368,7 @@ def main() -> int:
             callbacks=[restart_announcer(plan.max_failures)],
             # Ray Train logs every report at INFO; raytrain shows progress itself.
             logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
-            worker_runtime_env=early_imports.worker_runtime_env(
-                worker_imports(plan), scaling.use_gpu, scaling.resources_per_worker.get("CPU"), plan.env),
+            worker_runtime_env=worker_env,
         ),
     )
     timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included

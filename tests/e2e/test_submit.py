@@ -79,14 +79,17 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     # where the time went, from the command's start to step 1, every phase in order (issue 18)
     rows = cli.json("jobs", "status", job, "--timings")["timings"]
     phases = [r["phase"] for r in rows]
-    assert phases == ["command", "request_built", "submitted", "job_accepted", "driver_started", "driver_ready",
-                      "workers_started", "preflight", "process_group", "worker_process", "early_imports", "train_fn",
+    assert phases == ["command", "request_built", "submitted", "job_accepted", "driver_started", "prestart",
+                      "driver_ready", "workers_started", "preflight", "process_group", "worker_process", "early_imports", "train_fn",
                       "imports", "engine_built", "first_step"], phases
     by = {r["phase"]: r for r in rows}
     assert by["command"]["at_s"] == 0 and 0 < by["first_step"]["at_s"] < 600
     assert by["imports"]["ranks"] == 2 and by["first_step"]["ranks"] == 2
     # torch and deepspeed were imported in the background from each worker's start, before the train function
     assert by["early_imports"]["ranks"] == 2 and by["early_imports"]["t"] <= by["imports"]["t"]
+    # both workers run in processes the driver had the node start ahead (raytrain.runtime.prestart): they
+    # existed before the driver built its trainer, i.e. before Ray Train could have asked for them
+    assert by["worker_process"]["ranks"] == 2 and by["worker_process"]["t"] < by["driver_ready"]["t"], by
     table = cli("jobs", "status", job, "--timings", check=True).stdout
     assert "engine_built" in table and "DeepSpeed engine built" in table
 
