@@ -76,7 +76,7 @@ class CpuSampler:
     (e.g. its steady steps) can be split into CPU used by the training processes and by everything else
     (Ray's own processes, the CLI, and whatever else runs on the machine). Linux only; a no-op elsewhere."""
 
-    def __init__(self, interval: float = 1.0):
+    def __init__(self, interval: float = 0.5):
         import threading
 
         self.interval = interval
@@ -105,14 +105,16 @@ class CpuSampler:
             self._thread.join(timeout=5)
 
     def usage(self, t_from: float | None, t_to: float | None) -> dict[str, float] | None:
-        """Average cores used between the samples nearest ``t_from`` and ``t_to``: workers, other, total."""
+        """Average cores used between the first sample from ``t_from`` and the last one up to ``t_to`` (both
+        inside the window: a sample after it may miss the training processes, which exit right after their
+        last step): workers, other, total; None when the window holds less than two sampling intervals."""
         if t_from is None or t_to is None or len(self.samples) < 2:
             return None
-        a = min(self.samples, key=lambda s: abs(s[0] - t_from))
-        b = min(self.samples, key=lambda s: abs(s[0] - t_to))
-        dt = b[0] - a[0]
-        if dt < 2 * self.interval:
+        inside = [s for s in self.samples if t_from <= s[0] <= t_to]
+        if len(inside) < 3:
             return None
+        a, b = inside[0], inside[-1]
+        dt = b[0] - a[0]
         workers = other = 0
         for pid, (ticks, is_worker) in b[1].items():
             start = a[1].get(pid, (0, is_worker))[0]  # a process born inside the window counts from 0
