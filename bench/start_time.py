@@ -4,6 +4,7 @@
     .venv/bin/python bench/start_time.py --rounds 6 --b-env RAYTRAIN_LAZY_TORCH=0 --b-env RAYTRAIN_HIDE_UNUSED_IMPORTS=0
     .venv/bin/python bench/start_time.py --b-env RAYTRAIN_EARLY_IMPORTS=0 --out bench/results/start_early_imports.json
     .venv/bin/python bench/start_time.py --b-env RAYTRAIN_LOCAL_UPLOAD=1 --out bench/results/start_no_upload.json
+    .venv/bin/python bench/start_time.py --b-env RAYTRAIN_PRESTART=0 --out bench/results/start_prestart.json
 
 Each round submits the same small job (``jobs/gpt_zero.py``, 2 CPU workers, ZeRO-1, 3 steps) once per side
 (A B A B ...; ``--b-env KEY=VALUE`` is passed to B's ``submit --env``) on the calling environment's local
