@@ -6,8 +6,8 @@ with raytrain's job settings (A) against Ray's and DeepSpeed's own defaults (B),
     .venv/bin/python bench/job_cost.py --rounds 1 --zero 3
 
 B adds ``--env`` overrides that undo raytrain's per-job cuts: Ray Train's preemption watcher and metrics
-(off on the local cluster: targets/base.py LOCAL_RUNTIME_ENV_VARS) and DeepSpeed importing mlflow
-(runtime/imports.py). On a machine where CPU is the limit (2 cores: CI), CPU seconds per job is what sets
+(off on the local cluster: targets/base.py LOCAL_RUNTIME_ENV_VARS), DeepSpeed importing mlflow
+(runtime/imports.py) and the processes the driver starts ahead (runtime/prestart.py). On a machine where CPU is the limit (2 cores: CI), CPU seconds per job is what sets
 how long every test and edit-run loop takes; it is also the figure least disturbed by other load.
 
 CPU is the machine's busy time (/proc/stat: user, nice, system, irq, softirq, steal) from the command's start
@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib as bl  # noqa: E402
 
-RAY_DEFAULTS = ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1", "RAY_TRAIN_METRICS_ENABLED=1", "RAYTRAIN_HIDE_UNUSED_IMPORTS=0"]
+RAY_DEFAULTS = ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1", "RAY_TRAIN_METRICS_ENABLED=1", "RAYTRAIN_HIDE_UNUSED_IMPORTS=0",
+                "RAYTRAIN_PRESTART=0"]
 
 
 def tree_cpu_s(root: int) -> tuple[float, int]:

@@ -22,11 +22,13 @@ Every worker process starts through raytrain's ``ray_setup_worker`` (Ray's ``set
 importing Ray; see there). The raylet may start at least ``MIN_STARTUP_CONCURRENCY`` worker processes at once (Ray allows as many as
 the node has CPUs: 2 on a 2-CPU node, where a job's start asks for its Train controller, the controller's
 synchronisation actor and a process per worker at the same moment; see raytrain.runtime.prestart).
-``RAYTRAIN_STARTUP_CONCURRENCY`` sets the floor (0: Ray's rule).
+``RAYTRAIN_STARTUP_CONCURRENCY`` sets the floor (0: Ray's rule); ``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's
+setup step.
 
 ``RAYTRAIN_DASHBOARD_MODULES``: ``all`` for Ray's full set, or a comma-separated list of module class
 names. ``RAYTRAIN_RAY_CLIENT=1`` starts Ray Client's server. With ``RAYTRAIN_QUIET_HEAD=0`` (Ray's defaults
-throughout) every module loads, the client server starts and Ray's scripts run as they are.
+throughout) every module loads, the client server starts, Ray's scripts run as they are and the raylet
+starts as many workers at once as Ray allows.
 """
 from __future__ import annotations
 
@@ -79,8 +81,11 @@ STARTUP_FLAG = "--maximum_startup_concurrency="
 
 
 def startup_concurrency(env: dict[str, str] | None = None) -> int:
-    """The floor for the raylet's ``--maximum_startup_concurrency`` (0: leave Ray's value)."""
+    """The floor for the raylet's ``--maximum_startup_concurrency`` (0: leave Ray's value, as with
+    ``RAYTRAIN_QUIET_HEAD=0``)."""
     env = os.environ if env is None else env
+    if not quiet(env):
+        return 0
     value = env.get("RAYTRAIN_STARTUP_CONCURRENCY", "").strip()
     return int(value) if value.isdigit() else MIN_STARTUP_CONCURRENCY
 
@@ -89,8 +94,10 @@ WORKER_COMMAND_FLAG = "--python_worker_command="
 RAY_SETUP_WORKER = os.path.join("_private", "workers", "setup_worker.py")
 
 
-def light_setup_worker() -> bool:
-    return os.environ.get("RAYTRAIN_LIGHT_SETUP_WORKER", "1") != "0"
+def light_setup_worker(env: dict[str, str] | None = None) -> bool:
+    """Whether workers start through raytrain's setup step (not with ``RAYTRAIN_QUIET_HEAD=0``: Ray's scripts)."""
+    env = os.environ if env is None else env
+    return quiet(env) and env.get("RAYTRAIN_LIGHT_SETUP_WORKER", "1") != "0"
 
 
 def worker_command(value: str, setup_worker: str) -> str:
