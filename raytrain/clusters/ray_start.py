@@ -23,7 +23,8 @@ importing Ray; see there). The raylet may start at least ``MIN_STARTUP_CONCURREN
 the node has CPUs: 2 on a 2-CPU node, where a job's start asks for its Train controller, the controller's
 synchronisation actor and a process per worker at the same moment; see raytrain.runtime.prestart).
 ``RAYTRAIN_STARTUP_CONCURRENCY`` sets the floor (0: Ray's rule); ``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's
-setup step.
+setup step (and Ray's one idle process per CPU started for the node's first job, with an empty runtime env
+that no raytrain actor has).
 
 ``RAYTRAIN_DASHBOARD_MODULES``: ``all`` for Ray's full set, or a comma-separated list of module class
 names. ``RAYTRAIN_RAY_CLIENT=1`` starts Ray Client's server. With ``RAYTRAIN_QUIET_HEAD=0`` (Ray's defaults
@@ -111,14 +112,21 @@ def worker_command(value: str, setup_worker: str) -> str:
     return " ".join(parts)
 
 
+PRESTART_FLAG = "--num_prestart_python_workers="
+
+
 def raylet_command(command: list[str], floor: int, setup_worker: str | None = None) -> list[str]:
     """The raylet's command line with ``--maximum_startup_concurrency`` at least ``floor`` and, given
-    ``setup_worker``, its workers started through that script."""
+    ``setup_worker``, its workers started through that script and none started for the node's first job
+    with an empty runtime env (``--num_prestart_python_workers``: one per CPU, which no raytrain job can use:
+    its actors all have env vars; raytrain.runtime.prestart starts the processes a job will use)."""
     out = []
     for part in command:
         text = str(part)
         if floor and text.startswith(STARTUP_FLAG) and text[len(STARTUP_FLAG):].isdigit():
             part = STARTUP_FLAG + str(max(int(text[len(STARTUP_FLAG):]), floor))
+        elif setup_worker and text.startswith(PRESTART_FLAG):
+            part = PRESTART_FLAG + "0"
         elif setup_worker and text.startswith(WORKER_COMMAND_FLAG):
             part = WORKER_COMMAND_FLAG + worker_command(text[len(WORKER_COMMAND_FLAG):], setup_worker)
         out.append(part)

@@ -103,6 +103,7 @@ def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_le
     # up to four at once (raytrain.clusters.ray_setup_worker, ray_start); the jobs the suite runs use it
     raylet = next(c for c in commands if "/raylet/raylet " in c)
     assert "clusters/ray_setup_worker.py " in raylet and "--maximum_startup_concurrency=4 " in raylet, raylet
+    assert "--num_prestart_python_workers=0 " in raylet, raylet
 
 
 def test_a_dashboard_module_that_dies_is_restarted_by_the_slower_health_check(cli):

@@ -96,15 +96,17 @@ def test_a_real_worker_command_runs_without_ray_imported_by_the_setup_step(tmp_p
     assert json.loads(last) == {"argv": ["--x=a b"], "foo": "bar", "ray": False}
 
 
-RAYLET = ["/venv/ray/core/src/ray/raylet/raylet", "--maximum_startup_concurrency=2",
+RAYLET = ["/venv/ray/core/src/ray/raylet/raylet", "--maximum_startup_concurrency=2", "--num_prestart_python_workers=2",
           "--python_worker_command=/venv/bin/python /venv/ray/_private/workers/setup_worker.py "
           "/venv/ray/_private/workers/default_worker.py --node-ip-address=127.0.0.1 RAY_WORKER_DYNAMIC_OPTION_PLACEHOLDER"]
 
 
-def test_the_raylet_starts_workers_through_it_and_may_start_four_at_once():
+def test_the_raylet_starts_workers_through_it_may_start_four_at_once_and_prestarts_none_of_its_own():
     cmd = raylet_command(RAYLET, 4, "/opt/raytrain/clusters/ray_setup_worker.py")
     assert cmd[1] == "--maximum_startup_concurrency=4"
-    assert cmd[2] == ("--python_worker_command=/venv/bin/python /opt/raytrain/clusters/ray_setup_worker.py "
+    # no processes with an empty runtime env for the first job (no raytrain actor could use them)
+    assert cmd[2] == "--num_prestart_python_workers=0"
+    assert cmd[3] == ("--python_worker_command=/venv/bin/python /opt/raytrain/clusters/ray_setup_worker.py "
                       "/venv/ray/_private/workers/default_worker.py --node-ip-address=127.0.0.1 "
                       "RAY_WORKER_DYNAMIC_OPTION_PLACEHOLDER")
     assert raylet_command(["raylet", "--maximum_startup_concurrency=16"], 4)[1] == "--maximum_startup_concurrency=16"
