@@ -214,6 +214,9 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, verbose, stop_on_int
     console = Console(stderr=as_json)
     if verbose:  # the driver keeps Ray's INFO lines too
         request.runtime_env.setdefault("env_vars", {})["RAYTRAIN_VERBOSE"] = "1"
+    if not target.running():  # the local cluster, on first use: say what the wait is
+        console.print("raytrain: starting the local Ray cluster (it stays up for the next job; "
+                      "`raytrain cluster down` stops it)", highlight=False, soft_wrap=True)
     handle = api.submit_request(target, request)
     if no_wait:
         if as_json:

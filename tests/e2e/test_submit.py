@@ -49,6 +49,9 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     assert proc.returncode == 0, out
     assert "training cnn on 2 worker(s), ZeRO-1, bf16, global batch 64" in out
     assert "succeeded" in out
+    # the wait for the cluster's start is said, once, before the job is submitted
+    assert out.count("raytrain: starting the local Ray cluster") == 1, out
+    assert proc.stdout.index("starting the local Ray cluster") < proc.stdout.index("raytrain: submitted"), out
     # stdout piped, as a fresh quick start into a file: no ANSI escape, no Ray INFO line, no Ray internals
     assert "\x1b" not in out, out
     assert not re.search(r"^\d{4}-\d\d-\d\d [\d:,]+\s+INFO ", out, re.M), out
