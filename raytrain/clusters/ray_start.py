@@ -23,13 +23,13 @@ importing Ray; see there). The raylet may start at least ``MIN_STARTUP_CONCURREN
 the node has CPUs: 2 on a 2-CPU node, where a job's start asks for its Train controller, the controller's
 synchronisation actor and a process per worker at the same moment; see raytrain.runtime.prestart).
 ``RAYTRAIN_STARTUP_CONCURRENCY`` sets the floor (0: Ray's rule); ``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's
-setup step (and Ray's one idle process per CPU started for the node's first job, with an empty runtime env
-that no raytrain actor has).
+setup step. Nor does the raylet start Ray's one idle process per CPU for the node's first job, with an empty
+runtime env that no raytrain actor has.
 
 ``RAYTRAIN_DASHBOARD_MODULES``: ``all`` for Ray's full set, or a comma-separated list of module class
 names. ``RAYTRAIN_RAY_CLIENT=1`` starts Ray Client's server. With ``RAYTRAIN_QUIET_HEAD=0`` (Ray's defaults
 throughout) every module loads, the client server starts, Ray's scripts run as they are and the raylet
-starts as many workers at once as Ray allows.
+starts as many workers at once as Ray allows, and its idle ones for the first job.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def light_setup_worker(env: dict[str, str] | None = None) -> bool:
     return quiet(env) and env.get("RAYTRAIN_LIGHT_SETUP_WORKER", "1") != "0"
 
 
-def worker_command(value: str, setup_worker: str) -> str:
+def python_worker_command(value: str, setup_worker: str) -> str:
     """The raylet's ``--python_worker_command`` value with Ray's setup_worker.py replaced by ``setup_worker``
     (unchanged unless Ray's script is in it exactly once and neither path needs quoting)."""
     parts = value.split(" ")
@@ -115,20 +115,22 @@ def worker_command(value: str, setup_worker: str) -> str:
 PRESTART_FLAG = "--num_prestart_python_workers="
 
 
-def raylet_command(command: list[str], floor: int, setup_worker: str | None = None) -> list[str]:
-    """The raylet's command line with ``--maximum_startup_concurrency`` at least ``floor`` and, given
-    ``setup_worker``, its workers started through that script and none started for the node's first job
-    with an empty runtime env (``--num_prestart_python_workers``: one per CPU, which no raytrain job can use:
-    its actors all have env vars; raytrain.runtime.prestart starts the processes a job will use)."""
+def raylet_command(command: list[str], floor: int, setup_worker: str | None = None,
+                   no_idle_workers: bool = False) -> list[str]:
+    """The raylet's command line with ``--maximum_startup_concurrency`` at least ``floor``; given
+    ``setup_worker``, its workers started through that script; with ``no_idle_workers``, none started for the
+    node's first job with an empty runtime env (``--num_prestart_python_workers``: one per CPU, which no
+    raytrain job can use: its actors all have env vars; raytrain.runtime.prestart starts the processes a job
+    will use)."""
     out = []
     for part in command:
         text = str(part)
         if floor and text.startswith(STARTUP_FLAG) and text[len(STARTUP_FLAG):].isdigit():
             part = STARTUP_FLAG + str(max(int(text[len(STARTUP_FLAG):]), floor))
-        elif setup_worker and text.startswith(PRESTART_FLAG):
+        elif no_idle_workers and text.startswith(PRESTART_FLAG):
             part = PRESTART_FLAG + "0"
         elif setup_worker and text.startswith(WORKER_COMMAND_FLAG):
-            part = WORKER_COMMAND_FLAG + worker_command(text[len(WORKER_COMMAND_FLAG):], setup_worker)
+            part = WORKER_COMMAND_FLAG + python_worker_command(text[len(WORKER_COMMAND_FLAG):], setup_worker)
         out.append(part)
     return out
 
@@ -140,8 +142,8 @@ def head_command(command: list[str], process_type: str, modules: tuple[str, ...]
 
     if process_type == ray_constants.PROCESS_TYPE_DASHBOARD:
         command = dashboard_command(command, modules)
-    if process_type == ray_constants.PROCESS_TYPE_RAYLET and (min_startup or setup_worker):
-        command = raylet_command(command, min_startup, setup_worker)
+    if process_type == ray_constants.PROCESS_TYPE_RAYLET and (min_startup or setup_worker or quiet_polls):
+        command = raylet_command(command, min_startup, setup_worker, no_idle_workers=quiet_polls)
     if quiet_polls and process_type in QUIET_SCRIPTS:
         command = via_module(command, *QUIET_SCRIPTS[process_type])
     return command

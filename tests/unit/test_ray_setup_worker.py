@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from raytrain.clusters import ray_setup_worker as light
-from raytrain.clusters.ray_start import head_command, raylet_command, startup_concurrency, worker_command
+from raytrain.clusters.ray_start import head_command, python_worker_command, raylet_command, startup_concurrency
 
 REST = ["/venv/ray/_private/workers/default_worker.py", "--node-ip-address=127.0.0.1", "--arg=a b"]
 
@@ -102,7 +102,7 @@ RAYLET = ["/venv/ray/core/src/ray/raylet/raylet", "--maximum_startup_concurrency
 
 
 def test_the_raylet_starts_workers_through_it_may_start_four_at_once_and_prestarts_none_of_its_own():
-    cmd = raylet_command(RAYLET, 4, "/opt/raytrain/clusters/ray_setup_worker.py")
+    cmd = raylet_command(RAYLET, 4, "/opt/raytrain/clusters/ray_setup_worker.py", no_idle_workers=True)
     assert cmd[1] == "--maximum_startup_concurrency=4"
     # no processes with an empty runtime env for the first job (no raytrain actor could use them)
     assert cmd[2] == "--num_prestart_python_workers=0"
@@ -111,9 +111,12 @@ def test_the_raylet_starts_workers_through_it_may_start_four_at_once_and_prestar
                       "RAY_WORKER_DYNAMIC_OPTION_PLACEHOLDER")
     assert raylet_command(["raylet", "--maximum_startup_concurrency=16"], 4)[1] == "--maximum_startup_concurrency=16"
     assert head_command(RAYLET, "raylet", None, False) == RAYLET  # nothing asked: Ray's command
+    # the idle processes follow the quiet head alone, not the setup step or the startup floor
+    assert head_command(RAYLET, "raylet", None, True)[2] == "--num_prestart_python_workers=0"
+    assert raylet_command(RAYLET, 4, "/s.py")[2] == "--num_prestart_python_workers=2"
     # a path that would need quoting, or a command without Ray's script: left as Ray wrote it
-    assert worker_command("/venv/bin/python /a/setup_worker.py w.py", "/my dir/s.py") == "/venv/bin/python /a/setup_worker.py w.py"
-    assert worker_command("/venv/bin/python other.py", "/s.py") == "/venv/bin/python other.py"
+    assert python_worker_command("/venv/bin/python /a/setup_worker.py w.py", "/my dir/s.py") == "/venv/bin/python /a/setup_worker.py w.py"
+    assert python_worker_command("/venv/bin/python other.py", "/s.py") == "/venv/bin/python other.py"
 
 
 def test_the_startup_floor_and_the_setup_step_come_from_the_environment():
