@@ -13,7 +13,8 @@ stopped at the end only if this script started it).
 2. report frequency: 2 workers, ``--report-every 1`` against ``--report-every N``; the time per step over the
    same steps (N, S] from ``elapsed_s``, and the cost of one report ``(t1 - tN) / (1 - 1/N)``. Without
    --smoke the same pair also runs under torchrun (bench/bare_runner.py: a report is one stdout line), and
-   ``--report-every 1`` runs again with each ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` of --health-intervals.
+   ``--report-every 1`` runs again with Ray's own controller (``RAYTRAIN_PROMPT_POLL=0``) polling every
+   ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` of --health-intervals (raytrain's polls every 2 s and when a worker asks).
 3. checkpoints: 2 workers, ``--checkpoint-every C`` on a small model and on the same model with
    --ballast-mparams million extra parameters (big checkpoint, same compute). A checkpoint is saved inside
    the report of step kC: its cost is the duration of that ``ctx.report`` call (the job measures each call
@@ -45,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ballast-mparams", type=float, default=None, help="extra parameters of the big-checkpoint model, millions (default 16; --smoke 2)")
     p.add_argument("--model-args", default=MODEL_ARGS, help="the model's job arguments (default: %(default)r)")
     p.add_argument("--health-intervals", type=float, nargs="*", default=None,
-                   help="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S values to compare with raytrain's 0.2 (default 2.0 0.05; --smoke none)")
+                   help="RAY_TRAIN_HEALTH_CHECK_INTERVAL_S values of Ray's own controller to compare with raytrain's prompt polls "
+                        "(default 0.2 0.05; --smoke none)")
     p.add_argument("--bare", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the report pair under torchrun (default: on; --smoke off)")
     p.add_argument("--precision", default="bf16")
@@ -62,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.report_every = a.report_every or (4 if smoke else 10)
     a.checkpoint_every = a.checkpoint_every or (3 if smoke else 5)
     a.ballast_mparams = a.ballast_mparams if a.ballast_mparams is not None else (2.0 if smoke else 16.0)
-    a.health_intervals = a.health_intervals if a.health_intervals is not None else ([] if smoke else [2.0, 0.05])
+    a.health_intervals = a.health_intervals if a.health_intervals is not None else ([] if smoke else [0.2, 0.05])
     a.bare = a.bare if a.bare is not None else not smoke
     a.warmup = a.warmup if a.warmup is not None else (2 if smoke else 3)
     if a.steps % a.report_every or a.steps < 2 * a.report_every:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[f"report every {n}"] = submit(f"report every {n}", 2, base + ["--report-every", str(n)])
         for interval in args.health_intervals:
             runs[f"health check {interval:g} s"] = submit(
-                f"health check {interval:g} s", 2, base, ["--env", f"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={interval:g}"])
+                f"health check {interval:g} s", 2, base, ["--env", "RAYTRAIN_PROMPT_POLL=0", "--env", f"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={interval:g}"])
         ckpt = ["--checkpoint-every", str(c), "--keep", "1"]
         runs["checkpoint small"] = submit("checkpoint small", 2, base, ckpt)
         runs["checkpoint big"] = submit("checkpoint big", 2, base + ["--ballast-mparams", f"{args.ballast_mparams:g}"], ckpt)
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"raytrain": report_pair("2 workers", f"report every {n}"), "window_steps": [n, s]}
     if args.bare:
         report["torchrun"] = report_pair("torchrun report every 1", f"torchrun report every {n}")
-    health = {"0.2 (raytrain's)": {"step_s": mean_step_between(w2, metrics_of.get("2 workers", []), n, s),
+    health = {"2 + when asked (raytrain's)": {"step_s": mean_step_between(w2, metrics_of.get("2 workers", []), n, s),
                                    "report_call_s": call_s("2 workers")}}
     for interval in args.health_intervals:
         label = f"health check {interval:g} s"
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     print(bl.markdown_table(["runner", "report every step", f"every {n} steps", "cost per report (from steps)", "ratio",
                              "ctx.report call"], rows))
     if len(health) > 1:
-        print("\nRAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 workers, report every step):\n")
+        print("\nThe controller's poll interval (2 workers, report every step; other rows: Ray's controller):\n")
         print(bl.markdown_table(["interval (s)", "time per step", "ctx.report call"],
                                 [[k, bl.fmt(v["step_s"], " ms", 1, 1000), bl.fmt(v["report_call_s"], " ms", 1, 1000)]
                                  for k, v in health.items()]))

@@ -98,7 +98,7 @@ def _polls(result_queue) -> dict:
 def wait_until_registered(timeout_s: float = 30.0) -> bool:
     """Until Ray Train's controller has this worker's last report. ``ray.train.report`` returns once the
     checkpoint is in storage and its report sits in a one-slot queue; the controller's next poll of the worker
-    (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S) takes it and returns it in its reply. A worker that died before
+    (asked for here: raytrain.runtime.prompt_poll) takes it and returns it in its reply. A worker that died before
     that reply reached the controller took the checkpoint with it, and the group restarted from the one
     before (Ray's own TODO in poll_status: "only mark the task done when the result has been processed").
     The controller polls a worker again only once its previous poll has answered, so the poll after the one
@@ -113,6 +113,9 @@ def wait_until_registered(timeout_s: float = 30.0) -> bool:
     except Exception:  # another Ray Train version: nothing to wait on
         return False
     polls = _polls(queue)
+    from raytrain.runtime import prompt_poll
+
+    prompt_poll.ask()  # the controller polls now rather than at its next regular poll
     deadline = time.monotonic() + timeout_s
     while not queue.empty():
         if time.monotonic() > deadline:

@@ -274,9 +274,10 @@ def end_trackers_when_stopped(plan: Plan, run_name: str) -> None:
 
 def main() -> int:
     from raytrain import run_record, timings
-    from raytrain.runtime import early_imports
+    from raytrain.runtime import early_imports, prompt_poll
 
     plan = read_plan()
+    prompt_poll.configure_driver_env()  # before Ray Train's controller env is derived (prestart, fit)
     run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
     run_record.start(plan.storage, run_name, "driver")  # the run's events outlive the cluster
     for phase, t in timings.from_env().items():  # the client's marks (command, request built, submitted)
@@ -375,7 +376,8 @@ def main() -> int:
     watch = watch_placement(plan)
     end_trackers_when_stopped(plan, run_name)
     try:
-        result = trainer.fit()
+        with prompt_poll.installed():  # the controller polls the workers when they ask, else every 2 s
+            result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
         cause, rank = _root_cause(exc)
         if type(cause).__name__ == "PreflightError":  # the workers cannot connect: a setup error, not a crash

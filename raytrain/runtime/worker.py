@@ -12,6 +12,15 @@ from raytrain.runtime.script import run_on_worker
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's loop on each worker; ``config`` is the driver's {"plan": the plan as a dict, "resume_from": ...}."""
+    from raytrain.runtime import prompt_poll
+
+    try:
+        _train(config)
+    finally:  # returned or raised: the controller's next poll says so (raytrain.runtime.prompt_poll)
+        prompt_poll.ask()
+
+
+def _train(config: dict[str, Any]) -> None:
     plan = Plan.from_dict(config["plan"])
     import warnings
 

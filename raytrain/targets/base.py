@@ -59,7 +59,6 @@ RELEASE_WAIT_S = 20.0  # then how long for its workers and placement groups to b
 # Environment the runtime needs on every process of the job (users can override each with --env).
 RUNTIME_ENV_VARS = {
     "RAY_DEDUP_LOGS": "0",  # progress lines must reach the log undeduplicated
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",  # ray.train.report returns in ~0.1 s instead of ~1.7 s
     "PYTHONUNBUFFERED": "1",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # else every print of the job reaches the log twice
 }
