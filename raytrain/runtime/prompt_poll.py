@@ -11,7 +11,8 @@ Here the controller (:func:`controller_class`, in place of Ray's while ``install
 ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (Ray's 2 s unless the job sets it), and a worker that is about to need a
 poll asks for it (:func:`ask`): after it reported a checkpoint, and when its train function ends (returned or
 raised). The controller then polls at once and every ``RAYTRAIN_PROMPT_POLL_S`` (0.05 s) for the next
-``RAYTRAIN_PROMPT_WINDOW_S`` (0.5 s: the poll that takes a checkpoint report and the one that confirms it; a train function that has returned). A worker process that dies without asking is found by the next regular
+``RAYTRAIN_PROMPT_WINDOW_S`` (0.5 s: the poll that takes a checkpoint report and the one that confirms it; a
+train function that has returned). A worker process that dies without asking is found by the next regular
 poll, as under Ray's default. ``RAYTRAIN_PROMPT_POLL=0`` keeps Ray's controller, polling every 0.2 s.
 
 Imports Ray Train only when called (the CLI never does).
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from typing import Iterator
+
+from raytrain.clusters.ray_process import env_seconds
 
 ENABLED_ENV = "RAYTRAIN_PROMPT_POLL"
 INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -29,16 +32,8 @@ OFF_INTERVAL_S = "0.2"  # the interval without prompt polls: a checkpoint report
 METHOD = "raytrain_poll_soon"
 
 
-def enabled(environ: Any = None) -> bool:
-    return (os.environ if environ is None else environ).get(ENABLED_ENV, "1") != "0"
-
-
-def _seconds(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value >= 0 else default
+def enabled() -> bool:
+    return os.environ.get(ENABLED_ENV, "1") != "0"
 
 
 def configure_driver_env() -> None:
@@ -62,14 +57,17 @@ def controller_class() -> type:
     from ray.train.v2._internal.util import time_monotonic
 
     class PromptPollController(TrainController):
+        _raytrain_asked: asyncio.Event | None = None  # made on the actor's event loop, at first use
+        _raytrain_fast_until = float("-inf")  # poll every RAYTRAIN_PROMPT_POLL_S until then
+
         # A copy of TrainController._poll_workers (Ray 2.60) whose sleep is a wait on ``_raytrain_asked``.
         async def _poll_workers(self):
             event = self._raytrain_event()
             while not event.is_set():
                 now = time_monotonic()
                 interval = self._health_check_interval_s
-                if now < getattr(self, "_raytrain_fast_until", float("-inf")):
-                    interval = min(interval, _seconds("RAYTRAIN_PROMPT_POLL_S", FAST_S))
+                if now < self._raytrain_fast_until:
+                    interval = min(interval, env_seconds("RAYTRAIN_PROMPT_POLL_S", FAST_S))
                 remaining = interval - (now - self._latest_poll_time)
                 if remaining <= 0:
                     break
@@ -88,16 +86,14 @@ def controller_class() -> type:
             return status
 
         def _raytrain_event(self) -> asyncio.Event:
-            event = getattr(self, "_raytrain_asked", None)
-            if event is None:
-                event = self._raytrain_asked = asyncio.Event()
-            return event
+            if self._raytrain_asked is None:
+                self._raytrain_asked = asyncio.Event()
+            return self._raytrain_asked
 
         async def raytrain_poll_soon(self, window_s: float | None = None) -> None:
             """Poll the workers now, then every RAYTRAIN_PROMPT_POLL_S for ``window_s`` seconds."""
-            window = _seconds("RAYTRAIN_PROMPT_WINDOW_S", WINDOW_S) if window_s is None else float(window_s)
-            until = time_monotonic() + window
-            self._raytrain_fast_until = max(getattr(self, "_raytrain_fast_until", float("-inf")), until)
+            window = env_seconds("RAYTRAIN_PROMPT_WINDOW_S", WINDOW_S) if window_s is None else float(window_s)
+            self._raytrain_fast_until = max(self._raytrain_fast_until, time_monotonic() + window)
             self._raytrain_event().set()
 
     # Ray's name, as Ray Train users know it from logs and process titles ("ray::TrainController.run")
