@@ -95,8 +95,15 @@ def _devices(opts: Options) -> tuple[float, float]:
     return gpus, cpus
 
 
+def default_name(job_path: str) -> str:
+    """The name a job gets without ``--name``: its file's stem, ``_`` as ``-``, every other character a name
+    cannot hold as ``-``, leading ones dropped, at most 63 characters; ``job`` when nothing is left."""
+    stem = re.sub(r"[^A-Za-z0-9.-]", "-", Path(job_path).stem.replace("_", "-"))
+    return stem.lstrip(".-")[:63].rstrip(".-") or "job"
+
+
 def _name(opts: Options, job: JobFile) -> str:
-    name = opts.name or Path(job.relative).stem.replace("_", "-")
+    name = opts.name or default_name(job.relative)
     if not NAME_RE.match(name):
         raise ConfigError(
             f"--name {name!r}: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",

@@ -213,3 +213,19 @@ def test_trackers_reach_the_plan_and_bad_combinations_are_refused(tmp_path):
     profile = tmp_path / "p.yaml"
     profile.write_text("track: mlflow\n")
     assert resolve(Options(job=CNN).merged_over(load_profile(profile))).track == ["mlflow"]
+
+
+@pytest.mark.parametrize("stem, name", [
+    ("gpt_zero", "gpt-zero"), ("_probe", "probe"), ("__init__", "init"), ("my job (v2)", "my-job--v2"),
+    ("train.v2", "train.v2"), ("_", "job"), ("é", "job"), ("x" * 80, "x" * 63),
+])
+def test_a_job_without_name_is_named_after_its_file(tmp_path, stem, name):
+    job = tmp_path / f"{stem}.py"
+    job.write_text((JOBS / "cnn.py").read_text())
+    assert plan(job=str(job)).name == name
+
+
+def test_a_bad_name_given_is_refused_as_given():
+    with pytest.raises(ConfigError, match="--name '_x'") as e:
+        plan(name="_x")
+    assert e.value.flag == "--name"
