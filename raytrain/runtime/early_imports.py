@@ -104,6 +104,20 @@ def match_torch_threads() -> int | None:
     return want
 
 
+def freeze_heap() -> int:
+    """Move every object the process holds so far (Ray, torch, DeepSpeed: ~300,000 on a CPU worker) out of
+    the cyclic garbage collector's sight (``gc.freeze``); how many. They live as long as the process, yet
+    each full collection walked them all again: two of them, 0.15-0.19 s each, in the engine build and step 1
+    of every worker. Found no garbage to leak when measured (a ``gc.collect`` at this point frees nothing).
+    ``--env RAYTRAIN_GC_FREEZE=0`` leaves the collector as Python has it."""
+    import gc
+
+    if os.environ.get("RAYTRAIN_GC_FREEZE", "1") == "0":
+        return 0
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def wait() -> float | None:
     """Block until the background imports are done (at once when none were started); when they ended, if
     they all succeeded."""

@@ -51,6 +51,7 @@ def _train(config: dict[str, Any]) -> None:
     from raytrain.runtime.imports import import_deepspeed
 
     import_deepspeed()  # what every job needs; timed on its own
+    early_imports.freeze_heap()
 
     timings.emit("imports", rank=rank)
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__

@@ -39,6 +39,7 @@ def ray_train(monkeypatch):
     monkeypatch.setattr(ray_train, "report", lambda *a, **kw: pytest.fail("a metrics report went to Ray Train"))
     monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the worker sets for CPU workers (setdefault)
+    monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")  # not pytest's own heap (the test below turns it on)
     return ray_train
 
 
@@ -61,6 +62,53 @@ def test_the_worker_runs_train_with_a_ctx_from_the_typed_plan(tmp_path, ray_trai
                     "resumed_from": None}
     metrics = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
     assert [m["step"] for m in metrics] == [1, 2, 3]
+
+
+FROZEN_JOB = """
+import gc
+import json
+
+import torch
+
+SEEN_BEFORE = torch.nn.Linear  # imported before train runs
+
+
+def train(ctx):
+    probe = [object()]
+    probe.append(probe)  # a cycle made by the job: the collector still sees it
+    json.dump({"frozen": gc.get_freeze_count(),  # gc.get_objects(): what the collector walks (not the frozen)
+               "probe_collected_as_ever": any(o is probe for o in gc.get_objects())}, open("gc.json", "w"))
+"""
+
+
+def test_the_worker_freezes_the_heap_it_imported_before_the_job_runs(tmp_path, ray_train, monkeypatch):
+    import gc
+
+    from raytrain.runtime.worker import train_loop_per_worker
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "train.py").write_text(textwrap.dedent(FROZEN_JOB))
+    plan = resolve(Options(job=str(folder / "train.py"), workers=1))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "raytrain_job", raising=False)
+    monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "1")
+    before = len(gc.get_objects())
+    try:
+        train_loop_per_worker({"plan": json.loads(plan.to_json()), "resume_from": None})
+    finally:
+        gc.unfreeze()  # pytest's heap back to the collector
+    seen = json.loads((tmp_path / "gc.json").read_text())
+    assert seen["frozen"] >= before > 10_000  # everything the process held when the job started
+    assert seen["probe_collected_as_ever"]  # what the job makes stays in the collector's sight
+
+
+def test_gc_freeze_can_be_turned_off(monkeypatch):
+    from raytrain.runtime.early_imports import freeze_heap
+
+    monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")
+    assert freeze_heap() == 0
 
 
 def test_ctx_keeps_the_surface_jobs_use():
