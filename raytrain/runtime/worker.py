@@ -45,13 +45,13 @@ def _train(config: dict[str, Any]) -> None:
     imported_at = early_imports.wait()  # torch and deepspeed may be importing since the process started
     if imported_at is not None:
         timings.emit("early_imports", imported_at, rank=rank)
-    import torch  # noqa: F401
+    with early_imports.collector_paused():  # what the process holds from here on lives as long as it
+        import torch  # noqa: F401
 
-    early_imports.match_torch_threads()
-    from raytrain.runtime.imports import import_deepspeed
+        early_imports.match_torch_threads()
+        from raytrain.runtime.imports import import_deepspeed
 
-    import_deepspeed()  # what every job needs; timed on its own
-    early_imports.freeze_heap()
+        import_deepspeed()  # what every job needs; timed on its own
 
     timings.emit("imports", rank=rank)
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__

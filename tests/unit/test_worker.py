@@ -104,11 +104,35 @@ def test_the_worker_freezes_the_heap_it_imported_before_the_job_runs(tmp_path, r
     assert seen["probe_collected_as_ever"]  # what the job makes stays in the collector's sight
 
 
+def test_the_collector_is_off_while_importing_and_back_on_after(monkeypatch):
+    import gc
+
+    from raytrain.runtime.early_imports import collector_paused
+
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+            made_inside = [object()]
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert not any(o is made_inside for o in gc.get_objects())  # frozen: never walked again
+    finally:
+        gc.unfreeze()
+    with pytest.raises(ImportError):  # a failed import: the collector is back on all the same
+        with collector_paused():
+            import raytrain_no_such_module  # noqa: F401
+    gc.unfreeze()
+    assert gc.isenabled()
+
+
 def test_gc_freeze_can_be_turned_off(monkeypatch):
-    from raytrain.runtime.early_imports import freeze_heap
+    import gc
+
+    from raytrain.runtime.early_imports import collector_paused
 
     monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")
-    assert freeze_heap() == 0
+    with collector_paused():
+        assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
 
 
 def test_ctx_keeps_the_surface_jobs_use():
