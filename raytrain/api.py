@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Container
 
 from raytrain import run_record
 from raytrain.capacity import capacity_problem, tensor_group_problem
@@ -175,22 +175,25 @@ def submit(options: Options, target: Target | None = None) -> JobHandle:
 
 def wait(
     handle: JobHandle, target: Target | None = None, on_text: Callable[[str], None] | None = None,
-    storage: str | None = None,
+    storage: str | None = None, shown: Container[str] | None = None,
 ) -> JobInfo:
     """Follow the job's log until it ends; the final JobInfo (with facts). Raises JobFailed on failure (with
-    the failing rank's last lines where the run's ``storage`` keeps them)."""
+    the failing rank's last lines where the run's ``storage`` keeps them, unless ``shown``, the lines
+    ``on_text`` showed, already holds them)."""
     target = target or make_target(TargetOptions(address=handle.address if handle.target != "local" else None))
     target.follow(handle.job_id, on_text or (lambda _text: None))
     info = target.status(handle.job_id)
     if info.facts and info.facts.error and info.facts.error.get("event") in (CAPACITY, INVALID):
         raise ClusterError(info.facts.error.get("message", "the cluster cannot run this job"))
     if info.state is not JobState.SUCCEEDED:
-        raise JobFailed(failure_message(info) + failing_rank_tail(info, storage))
+        raise JobFailed(failure_message(info) + failing_rank_tail(info, storage, shown=shown))
     return info
 
 
-def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15) -> str:
-    """The failing rank's last lines of output, from the run's record ("" when there is none)."""
+def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15, shown: Container[str] | None = None) -> str:
+    """The failing rank's last lines of output, from the run's record ("" when there is none); only where to
+    find them when every one of them is in ``shown`` (the lines a follow already printed, without Ray's
+    ``(pid=..)`` prefix), so that a traceback is not printed twice."""
 
     error = (info.facts or JobFacts()).error or {}
     folder = run_record.find(info.job_id, [storage]) if error.get("rank") is not None else None
@@ -200,6 +203,8 @@ def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15) -> st
     from raytrain.cli.log_filter import LogFilter
 
     last = run_record.tail(path, lines, keep=LogFilter(color=False))  # no Ray chatter among the last lines
+    if last and shown is not None and all(not line.strip() or line.rstrip() in shown for line in last):
+        return f"\n(its output is above; all of rank {error['rank']}'s: raytrain jobs logs {info.job_id} --rank {error['rank']})"
     return (f"\nlast lines of rank {error['rank']} (all: raytrain jobs logs {info.job_id} --rank {error['rank']}):\n"
             + "\n".join(f"  {line}" for line in last)) if last else ""
 

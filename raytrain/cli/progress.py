@@ -1,6 +1,7 @@
 """Render a job's log as it arrives: log lines above, a live progress line (step, loss, throughput)."""
 from __future__ import annotations
 
+import collections
 import time
 
 from rich.console import Console
@@ -8,7 +9,7 @@ from rich.live import Live
 from rich.text import Text
 
 from raytrain import events
-from raytrain.cli.log_filter import LogFilter, wants_color
+from raytrain.cli.log_filter import ANSI, PREFIX, LogFilter, wants_color
 
 
 def gb(nbytes: float) -> str:
@@ -134,6 +135,30 @@ def describe_eta(facts: events.JobFacts, width: int = 20) -> str:
     return f"[{bar}] {done * 100:3.0f}%{eta}"
 
 
+class RecentLines:
+    """The last ``size`` lines a follow printed, without ANSI codes or Ray's ``(pid=..)`` prefix; ``in`` asks
+    whether a line (as a rank's own log has it) was among them."""
+
+    def __init__(self, size: int = 500):
+        self._lines: collections.deque[str] = collections.deque(maxlen=size)
+        self._count: collections.Counter[str] = collections.Counter()
+
+    def add(self, line: str) -> None:
+        plain = ANSI.sub("", line)
+        match = PREFIX.match(plain)
+        plain = (plain[match.end():] if match else plain).rstrip()
+        if len(self._lines) == self._lines.maxlen:
+            old = self._lines[0]
+            self._count[old] -= 1
+            if not self._count[old]:
+                del self._count[old]
+        self._lines.append(plain)
+        self._count[plain] += 1
+
+    def __contains__(self, line: object) -> bool:
+        return line in self._count
+
+
 class ProgressPrinter:
     """Feed it log text (``on_text``); it prints log lines and keeps one live progress line."""
 
@@ -142,6 +167,7 @@ class ProgressPrinter:
         self.show_logs = show_logs
         self.filter = LogFilter(color=wants_color(self.console.is_terminal), verbose=verbose)
         self.facts = events.JobFacts()
+        self.shown = RecentLines()  # what of the log it printed (a failure's summary leaves those lines out)
         self._partial = ""
         self._started = time.monotonic()
         self._live: Live | None = None
@@ -193,6 +219,7 @@ class ProgressPrinter:
             if shown is not None:
                 self.console.print(Text.from_ansi(shown) if self.filter.color else shown,
                                    markup=False, highlight=False, soft_wrap=True)
+                self.shown.add(shown)
             return
         self.facts.add(event)
         kind = event.get("event")

@@ -172,7 +172,7 @@ def _follow(console: Console, target, handle, *, quiet: bool, verbose: bool, sto
     printer = ProgressPrinter(console, show_logs=not quiet, verbose=verbose)
     try:
         with printer:
-            return api.wait(handle, target, on_text=printer.on_text, storage=storage)
+            return api.wait(handle, target, on_text=printer.on_text, storage=storage, shown=printer.shown)
     except KeyboardInterrupt:
         if stop_on_interrupt:
             target.stop(handle.job_id)

@@ -383,7 +383,8 @@ def main() -> int:
         if type(cause).__name__ == "PreflightError":  # the workers cannot connect: a setup error, not a crash
             emit(events.INVALID, message=str(cause))
             return EXIT_CANNOT_RUN
-        traceback.print_exc()
+        if rank is None or os.environ.get("RAYTRAIN_VERBOSE"):  # a worker's: it printed it (runtime.worker_errors)
+            traceback.print_exc()
         emit(events.ERROR, type=type(cause).__name__, rank=rank, message=_one_line(cause))
         end_trackers(plan, run_name, "failed")
         return EXIT_TRAINING_FAILED

@@ -134,10 +134,18 @@ def test_gpus_on_a_cpu_cluster_fail_fast(cli):
 
 def test_a_failing_job_exits_1_with_its_error(cli, tmp_path):
     job = tmp_path / "broken.py"
-    job.write_text("def train(ctx):\n    raise ValueError('the data path /nope does not exist')\n")
+    job.write_text("def load(path):\n    raise ValueError(f'the data path {path} does not exist')\n\n"
+                   "def train(ctx):\n    print('loading', flush=True)\n    load('/nope')\n")
     proc = cli("submit", job, "--workers", "1")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ValueError: the data path /nope does not exist" in proc.stderr
+    # the traceback once, from the job's own frames: not Ray Train's copy, not the driver's, not the summary's
+    out = proc.stdout + proc.stderr
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert re.search(r'broken\.py", line 6, in train\n.*\n.*broken\.py", line 2, in load', out), out
+    for noise in ("Error in training function", "WorkerGroupError", "raytrain/runtime/", "last lines of rank"):
+        assert noise not in out, out
+    assert re.search(r"\(its output is above; all of rank 0's: raytrain jobs logs \S+ --rank 0\)", proc.stderr), out
     info = cli.json("jobs", "status", job_id_of(proc.stdout + proc.stderr))
     assert info["state"] == "failed" and info["error"]["type"] == "ValueError"
 

@@ -102,6 +102,32 @@ def test_a_failure_shows_the_failing_ranks_last_lines(tmp_path):
     assert failing_rank_tail(info, None) == ""
 
 
+def test_lines_a_follow_already_showed_are_not_shown_again(tmp_path):
+    from raytrain.cli.progress import RecentLines
+
+    folder = tmp_path / "run-1" / "raytrain"
+    lines = ["early line", "Traceback (most recent call last):", '  File "job.py", line 3, in train',
+             "ValueError: bad shard"]
+    (folder / "logs").mkdir(parents=True)
+    (folder / "logs" / "rank-1.log").write_text(rank_log.header(1, "h", "10.0.0.2") + "\n".join(lines) + "\n")
+    facts = JobFacts(error={"event": "error", "rank": 1, "type": "ValueError", "message": "bad shard"})
+    info = JobInfo(job_id="run-1", name="x", state=JobState.FAILED, target="local", address="", facts=facts)
+
+    def followed(size, printed):
+        shown = RecentLines(size=size)
+        for line in printed:  # as the terminal printed them: Ray's prefix, colour codes
+            shown.add(f"\x1b[36m(RayTrainWorker pid=7, ip=10.0.0.2)\x1b[0m {line}")
+        return shown
+
+    pointer = "\n(its output is above; all of rank 1's: raytrain jobs logs run-1 --rank 1)"
+    assert failing_rank_tail(info, str(tmp_path), shown=followed(500, lines)) == pointer
+    assert "last lines of rank 1" in failing_rank_tail(info, str(tmp_path), shown=followed(500, lines[:-1]))
+    evicted = followed(3, lines)  # only the last 3 printed lines are kept
+    assert "early line" not in evicted and "ValueError: bad shard" in evicted
+    assert "last lines of rank 1" in failing_rank_tail(info, str(tmp_path), shown=evicted)
+    assert "last lines of rank 1" in failing_rank_tail(info, str(tmp_path), shown=RecentLines())  # submit -q
+
+
 def test_without_tee_python_level_writes_are_copied(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(rank_log.shutil, "which", lambda name: None)
     saved = sys.stdout, sys.stderr

@@ -135,6 +135,34 @@ def test_gc_freeze_can_be_turned_off(monkeypatch):
     assert gc.get_freeze_count() == 0
 
 
+def test_a_failing_job_prints_its_traceback_once_from_its_own_frames(tmp_path, ray_train, monkeypatch, capsys,
+                                                                      caplog):
+    import logging
+
+    from raytrain.runtime.worker import train_loop_per_worker
+    from raytrain.runtime.worker_errors import RAY_TRAIN_UTIL_LOGGER
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "train.py").write_text("def load(path):\n    raise ValueError(f'no data at {path}')\n\n"
+                                     "def train(ctx):\n    load('/nope')\n")
+    plan = resolve(Options(job=str(folder / "train.py"), workers=1))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "raytrain_job", raising=False)
+    with pytest.raises(ValueError, match="no data at /nope"):
+        train_loop_per_worker({"plan": json.loads(plan.to_json()), "resume_from": None})
+    err = capsys.readouterr().err
+    assert err.count("Traceback (most recent call last):") == 1, err
+    frames = [line for line in err.splitlines() if line.startswith('  File "')]
+    assert [f.rsplit(" ", 1)[1] for f in frames] == ["train", "load"], err  # the job's frames, not raytrain's
+    assert err.rstrip().endswith("ValueError: no data at /nope"), err
+    with caplog.at_level(logging.ERROR, logger=RAY_TRAIN_UTIL_LOGGER):  # Ray Train's own copy is left out
+        logging.getLogger(RAY_TRAIN_UTIL_LOGGER).error("Error in training function:\nTraceback ...")
+        logging.getLogger(RAY_TRAIN_UTIL_LOGGER).error("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
+
+
 def test_ctx_keeps_the_surface_jobs_use():
     """What the README's ctx table and the jobs use, on the one object train(ctx) receives."""
     from raytrain.runtime.context import TrainContext
