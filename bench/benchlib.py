@@ -234,7 +234,7 @@ def run_raytrain(job: str, flags: list[str], job_args: list[str], env: dict[str,
         run.error = f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-1500:]}"
         if not run.job_id:
             return run
-    logs = run_cli("jobs", "logs", run.job_id, env=env, timeout=120, check=False).stdout
+    logs = run_cli("jobs", "logs", run.job_id, "-v", env=env, timeout=120, check=False).stdout
     fill_from_facts(run, JobFacts.from_lines(logs.splitlines()), t0, warmup, cpu)
     run.ok = proc.returncode == 0 and run.steps > 0
     return run

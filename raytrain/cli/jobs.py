@@ -13,7 +13,7 @@ from raytrain.cli.common import (
     address_option, complete_job_id, handle_errors, k8s_connection_options, print_json, with_options,
 )
 from raytrain.cli.log_filter import LogFilter, wants_color
-from raytrain.cli.progress import describe_metrics, describe_preflight, describe_resize
+from raytrain.cli.progress import ProgressPrinter, describe_metrics, describe_preflight, describe_resize
 from raytrain.errors import ConfigError
 from raytrain.targets.base import Target
 from raytrain.targets.factory import TargetOptions, make_target
@@ -137,7 +137,8 @@ def status(job_id, address, as_json, show_timings, **k8s):
 @click.argument("job_id", shell_complete=complete_job_id)
 @address_option
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
-@click.option("--verbose", "-v", is_flag=True, help="Ray's own lines too, as the log holds them.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="The log as it is: Ray's own lines too, and raytrain's events as JSON lines.")
 @click.option("--rank", "ranks", type=int, multiple=True, metavar="N",
               help="Only rank N's stdout/stderr, from the run's storage (also after the cluster stopped).")
 @click.option("--node", metavar="HOST|IP", help="Only the ranks that ran on this node, from the run's storage.")
@@ -145,30 +146,37 @@ def status(job_id, address, as_json, show_timings, **k8s):
 @target_options
 @handle_errors
 def logs(job_id, address, follow, verbose, ranks, node, storage, **k8s):
-    """The job's log (driver and workers); --rank/--node: single ranks' output, kept in the run's storage."""
+    """The job's log (driver and workers), as `submit` showed it: the job's output, a line per step, how it
+    ended; -v: the log as it is. --rank/--node: single ranks' output, kept in the run's storage."""
     if ranks or node:
         return _rank_logs(job_id, list(ranks), node, storage, verbose)
     target = _target(address, k8s)
-    shown = LogFilter(color=wants_color(sys.stdout.isatty()), verbose=verbose)
-    partial = [""]
+    if verbose:
+        shown = LogFilter(color=wants_color(sys.stdout.isatty()), verbose=True)
+        partial = [""]
 
-    def write(text: str) -> None:
-        lines = (partial[0] + text).split("\n")
-        partial[0] = lines.pop()
-        out = [kept for kept in map(shown, lines) if kept is not None]
-        if out:
-            sys.stdout.write("\n".join(out) + "\n")
-            sys.stdout.flush()
-
-    if follow:
-        try:
-            target.follow(job_id, write)
-        except KeyboardInterrupt:
-            sys.exit(130)
+        def write(text: str) -> None:
+            lines = (partial[0] + text).split("\n")
+            partial[0] = lines.pop()
+            out = [kept for kept in map(shown, lines) if kept is not None]
+            if out:
+                sys.stdout.write("\n".join(out) + "\n")
+                sys.stdout.flush()
     else:
-        write(target.logs(job_id))
-    if partial[0]:
-        write("\n")
+        printer = ProgressPrinter(Console(), live=False, endings=True)
+        write = printer.on_text
+    try:
+        if follow:
+            target.follow(job_id, write)
+        else:
+            write(target.logs(job_id))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        if verbose and partial[0]:
+            write("\n")
+        elif not verbose:
+            printer.__exit__(None, None, None)  # the last line, if it had no newline
 
 
 def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | None, verbose: bool) -> None:

@@ -135,6 +135,18 @@ def describe_eta(facts: events.JobFacts, width: int = 20) -> str:
     return f"[{bar}] {done * 100:3.0f}%{eta}"
 
 
+def describe_ending(event: dict) -> str:
+    """The line that says how a job ended, from its finished/error/capacity/invalid event."""
+    kind = event.get("event")
+    if kind == events.FINISHED:
+        checkpoint = event.get("checkpoint")
+        return "raytrain: training finished" + (f"; last checkpoint {checkpoint}" if checkpoint else "")
+    if kind == events.ERROR:
+        where = f" on rank {event['rank']}" if event.get("rank") is not None else ""
+        return f"raytrain: training failed{where}: {event.get('type', 'Error')}: {event.get('message', '')}"
+    return f"raytrain: error: {event.get('message', '')}"
+
+
 class RecentLines:
     """The last ``size`` lines a follow printed, without ANSI codes or Ray's ``(pid=..)`` prefix; ``in`` asks
     whether a line (as a rank's own log has it) was among them."""
@@ -162,9 +174,15 @@ class RecentLines:
 class ProgressPrinter:
     """Feed it log text (``on_text``); it prints log lines and keeps one live progress line."""
 
-    def __init__(self, console: Console | None = None, *, show_logs: bool = True, verbose: bool = False):
+    def __init__(self, console: Console | None = None, *, show_logs: bool = True, verbose: bool = False,
+                 live: bool = True, endings: bool = False):
+        """``live``: on a terminal, one updating progress line instead of a line per step; ``endings``: also
+        say how the job ended (`jobs logs`; `submit` says it itself)."""
         self.console = console or Console(stderr=False)
         self.show_logs = show_logs
+        self.live = live
+        self.endings = endings
+        self._ending: str | None = None
         self.filter = LogFilter(color=wants_color(self.console.is_terminal), verbose=verbose)
         self.facts = events.JobFacts()
         self.shown = RecentLines()  # what of the log it printed (a failure's summary leaves those lines out)
@@ -173,7 +191,7 @@ class ProgressPrinter:
         self._live: Live | None = None
 
     def __enter__(self) -> "ProgressPrinter":
-        if self.console.is_terminal:
+        if self.console.is_terminal and self.live:
             self._live = Live(self._status(), console=self.console, refresh_per_second=4, transient=True)
             self._live.__enter__()
         return self
@@ -182,6 +200,9 @@ class ProgressPrinter:
         if self._partial:
             self._line(self._partial)
             self._partial = ""
+        if self._ending is not None:
+            self.console.print(self._ending, markup=False, highlight=False, soft_wrap=True)
+            self._ending = None
         if self._live is not None:
             self._live.__exit__(*exc)
             self._live = None
@@ -253,3 +274,5 @@ class ProgressPrinter:
                 self.console.print(f"raytrain: {line}", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.RESIZED:
             self.console.print(f"raytrain: {describe_resize(event)}", markup=False, highlight=False, soft_wrap=True)
+        elif self.endings and kind in (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID):
+            self._ending = describe_ending(event)  # said last: workers' lines can reach the log after it

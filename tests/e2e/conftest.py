@@ -34,7 +34,7 @@ class CLI:
         return json.loads(self(*args, "--json", check=True, **kw).stdout)
 
     def facts(self, job_id) -> JobFacts:
-        return JobFacts.from_lines(self("jobs", "logs", job_id, check=True).stdout.splitlines())
+        return JobFacts.from_lines(self("jobs", "logs", job_id, "-v", check=True).stdout.splitlines())
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ def run(cli, data, *flags, args=(), expect=0):
     assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
     info = json.loads(proc.stdout)
     log = cli("jobs", "logs", info["id"], check=True).stdout
+    info["raw_log"] = cli("jobs", "logs", info["id"], "-v", check=True).stdout  # with the events as JSON lines
     return info, log
 
 
@@ -96,10 +97,11 @@ def test_every_id_once_per_epoch_and_every_format_reads(baseline):
     assert formats["p"]["first"] == formats["c"]["first"] == {"id": 0, "v": 0.0}
     assert formats["t"]["first"] == {"text": "alpha"} and formats["h"]["first"] == {"id": 0, "text": "s0"}
     assert "Dataset " not in log and "Progress bars" not in log  # no Ray Data noise in the job's log
-    metrics = [line for line in log.splitlines() if '"event":"metrics"' in line]
+    raw = info["raw_log"]
+    metrics = [line for line in raw.splitlines() if '"event":"metrics"' in line]
     assert metrics and all('"data_wait_s"' in line for line in metrics)
     # preprocessing streams: the 2 workers hold both CPUs, the read asks for none and streams beside them
-    ready = {e["name"]: e for e in (json.loads(line[line.index("{"):]) for line in log.splitlines()
+    ready = {e["name"]: e for e in (json.loads(line[line.index("{"):]) for line in raw.splitlines()
                                     if '"event":"dataset"' in line)}
     assert sorted(ready) == ["c", "h", "p", "t", "train"] and all(e["streaming"] for e in ready.values())
     assert ready["train"]["rows_ready"] >= 4  # the workers started with at least one global micro-batch

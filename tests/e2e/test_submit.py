@@ -170,7 +170,7 @@ def _until(what, probe, timeout=300):
 
 
 def _placed(cli, job):
-    return '"event":"placed"' in cli("jobs", "logs", job, check=True).stdout
+    return '"event":"placed"' in cli("jobs", "logs", job, "-v", check=True).stdout
 
 
 def test_stop_during_worker_start_then_a_waiting_job_names_its_holder_and_gives_up(cli, request):
@@ -235,7 +235,11 @@ def test_gpus_on_a_cpu_cluster(cli):
 
 
 def test_logs_follow_of_a_finished_job_ends(cli):
-    job = cli.json("jobs", "list")[0]["id"]
+    done = [j["id"] for j in cli.json("jobs", "list") if j["state"] == "succeeded"]
+    job = done[0] if done else job_id_of(cli("submit", JOBS / "cnn.py", "--", "--steps", "2", check=True).stdout)
     proc = cli("jobs", "logs", job, "--follow", timeout=60)
-    assert proc.returncode == 0 and "@@raytrain" in proc.stdout
+    assert proc.returncode == 0 and "@@raytrain" not in proc.stdout, proc.stdout  # as submit showed it
+    assert re.search(r"^step \d+", proc.stdout, re.M) and "raytrain: training finished" in proc.stdout, proc.stdout
+    raw = cli("jobs", "logs", job, "--follow", "-v", timeout=60)
+    assert raw.returncode == 0 and '"event":"finished"' in raw.stdout
     assert cli("jobs", "status", "raytrain-no-such-job").returncode == 2
