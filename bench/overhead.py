@@ -7,7 +7,7 @@ For each config and round it runs, one after the other (A B A B ...):
 
   A  ``raytrain submit JOB --workers 2 --zero Z --precision bf16 --grad-accum 4 --json -q -- JOB_ARGS`` on a
      warm local cluster (started once before the rounds if it is not running; stopped at the end only if
-     this script started it). The events come from ``raytrain jobs logs ID``.
+     this script started it). The events come from ``raytrain jobs logs ID -v``.
   B  ``python -m torch.distributed.run --standalone --nproc_per_node 2 bench/bare_runner.py PLAN.json`` with
      the plan ``raytrain submit ... --dry-run --json`` resolves for the same flags (the exact DeepSpeed dict):
      the job's ``train(ctx)`` with a Ray-free context, the engine from ``build_engine``, the same event lines.
