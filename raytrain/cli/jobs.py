@@ -1,6 +1,7 @@
 """`raytrain jobs list|status|logs|stop`."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -151,32 +152,29 @@ def logs(job_id, address, follow, verbose, ranks, node, storage, **k8s):
     if ranks or node:
         return _rank_logs(job_id, list(ranks), node, storage, verbose)
     target = _target(address, k8s)
-    if verbose:
-        shown = LogFilter(color=wants_color(sys.stdout.isatty()), verbose=True)
-        partial = [""]
+    shown = LogFilter(color=wants_color(sys.stdout.isatty()), verbose=True)
+    partial = [""]
 
-        def write(text: str) -> None:
-            lines = (partial[0] + text).split("\n")
-            partial[0] = lines.pop()
-            out = [kept for kept in map(shown, lines) if kept is not None]
-            if out:
-                sys.stdout.write("\n".join(out) + "\n")
-                sys.stdout.flush()
-    else:
-        printer = ProgressPrinter(Console(), live=False, endings=True)
-        write = printer.on_text
+    def write(text: str) -> None:  # -v: the log as it is
+        lines = (partial[0] + text).split("\n")
+        partial[0] = lines.pop()
+        out = [kept for kept in map(shown, lines) if kept is not None]
+        if out:
+            sys.stdout.write("\n".join(out) + "\n")
+            sys.stdout.flush()
+
+    printer = None if verbose else ProgressPrinter(Console(), live=False, endings=True)
     try:
-        if follow:
-            target.follow(job_id, write)
-        else:
-            write(target.logs(job_id))
+        with printer or contextlib.nullcontext():  # on leaving: its last line, and how the job ended
+            on_text = printer.on_text if printer else write
+            if follow:
+                target.follow(job_id, on_text)
+            else:
+                on_text(target.logs(job_id))
     except KeyboardInterrupt:
         sys.exit(130)
-    finally:
-        if verbose and partial[0]:
-            write("\n")
-        elif not verbose:
-            printer.__exit__(None, None, None)  # the last line, if it had no newline
+    if partial[0]:
+        write("\n")
 
 
 def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | None, verbose: bool) -> None:

@@ -31,6 +31,13 @@ NOISE_PATTERNS = (
 TRACEBACK_BODY = re.compile(r"^(\s|Traceback |\^|[\w.]+(Error|Exception|Timeout)\b)")
 
 
+def split_prefix(line: str) -> tuple[str, str]:
+    """A log line without ANSI codes, as (Ray's ``(pid=..)`` prefix or "", the rest)."""
+    plain = ANSI.sub("", line)
+    match = PREFIX.match(plain)
+    return (match.group(1), plain[match.end():]) if match else ("", plain)
+
+
 def wants_color(is_terminal: bool) -> bool:
     """Colour only on a terminal, and never with ``NO_COLOR`` set (https://no-color.org)."""
     return is_terminal and not os.environ.get("NO_COLOR")
@@ -50,9 +57,7 @@ class LogFilter:
             line = ANSI.sub("", line)
         if self.verbose:
             return line
-        plain = ANSI.sub("", line)
-        match = PREFIX.match(plain)
-        prefix, body = (match.group(1), plain[match.end():]) if match else ("", plain)
+        prefix, body = split_prefix(line)
         if self._noise_prefix is not None:
             # the rest of a noise block: a traceback, or (from Ray's own actors) everything it adds until
             # raytrain's next event line

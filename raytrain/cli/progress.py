@@ -9,7 +9,7 @@ from rich.live import Live
 from rich.text import Text
 
 from raytrain import events
-from raytrain.cli.log_filter import ANSI, PREFIX, LogFilter, wants_color
+from raytrain.cli.log_filter import LogFilter, split_prefix, wants_color
 
 
 def gb(nbytes: float) -> str:
@@ -153,22 +153,12 @@ class RecentLines:
 
     def __init__(self, size: int = 500):
         self._lines: collections.deque[str] = collections.deque(maxlen=size)
-        self._count: collections.Counter[str] = collections.Counter()
 
     def add(self, line: str) -> None:
-        plain = ANSI.sub("", line)
-        match = PREFIX.match(plain)
-        plain = (plain[match.end():] if match else plain).rstrip()
-        if len(self._lines) == self._lines.maxlen:
-            old = self._lines[0]
-            self._count[old] -= 1
-            if not self._count[old]:
-                del self._count[old]
-        self._lines.append(plain)
-        self._count[plain] += 1
+        self._lines.append(split_prefix(line)[1].rstrip())
 
     def __contains__(self, line: object) -> bool:
-        return line in self._count
+        return line in self._lines  # asked a few times, once, when a job has failed
 
 
 class ProgressPrinter:
