@@ -57,7 +57,12 @@ def _train(config: dict[str, Any]) -> None:
 
         import_deepspeed()  # what every job needs; timed on its own
 
-    timings.emit("imports", rank=rank)
+    from raytrain.runtime import core_binding
+
+    train_ctx = ray.train.get_context()
+    cores = core_binding.bind_worker(train_ctx.get_local_rank(), train_ctx.get_local_world_size(),
+                                     plan.scaling.resources_per_worker.get("CPU", 1), plan.scaling.use_gpu)
+    timings.emit("imports", rank=rank, **({"cores": cores} if cores else {}))
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
         return run_on_worker(plan, restore_point(config) if plan.hf_trainer else None)
     module = load_job(plan.job_module)

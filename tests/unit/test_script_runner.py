@@ -360,6 +360,7 @@ def test_the_worker_dispatches_script_mode(tmp_path, ray_train, restored, monkey
 
     monkeypatch.setattr(ray_train, "get_context", lambda: Context())
     monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")  # not pytest's own heap
+    monkeypatch.setenv("RAYTRAIN_BIND_CORES", "0")  # nor pytest's own threads
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
     monkeypatch.setenv("MASTER_PORT", "1234")
     folder = tmp_path / "job"

@@ -32,6 +32,7 @@ def ray_train(monkeypatch):
         get_world_rank = staticmethod(lambda: 0)
         get_local_rank = staticmethod(lambda: 0)
         get_world_size = staticmethod(lambda: 1)
+        get_local_world_size = staticmethod(lambda: 1)
 
     monkeypatch.setattr(ray_train, "get_context", lambda: Context())
     monkeypatch.setattr(ray_train, "get_checkpoint", lambda: None)
@@ -40,6 +41,7 @@ def ray_train(monkeypatch):
     monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the worker sets for CPU workers (setdefault)
     monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")  # not pytest's own heap (the test below turns it on)
+    monkeypatch.setenv("RAYTRAIN_BIND_CORES", "0")  # nor pytest's own threads
     return ray_train
 
 
