@@ -99,6 +99,7 @@ class Row:
     ranks: int = 0  # how many workers marked it (per-worker phases)
     spread_s: float = 0.0  # first to last worker
     cpu_s: float | None = None  # CPU seconds the marking process had used by then (the most of any rank)
+    cores: dict[int, list[int]] | None = None  # rank -> the cores its training thread is bound to (core_binding)
 
     @property
     def meaning(self) -> str:
@@ -114,6 +115,7 @@ def timeline(events: Iterable[dict], job_accepted: float | None = None) -> list[
     firsts: dict[str, float] = {}
     per_rank: dict[str, dict[int, float]] = {}
     cpu: dict[str, float] = {}
+    cores: dict[str, dict[int, list[int]]] = {}
     for e in events:
         phase, t = e.get("phase"), e.get("t")
         if phase not in ORDER or not isinstance(t, (int, float)):
@@ -126,6 +128,8 @@ def timeline(events: Iterable[dict], job_accepted: float | None = None) -> list[
             per_rank.setdefault(phase, {}).setdefault(int(e["rank"]), float(t))
         if not seen and isinstance(e.get("cpu"), (int, float)):
             cpu[phase] = max(cpu.get(phase, 0.0), float(e["cpu"]))
+        if not seen and e.get("rank") is not None and isinstance(e.get("cores"), list):
+            cores.setdefault(phase, {})[int(e["rank"])] = [int(c) for c in e["cores"]]
     if job_accepted and "job_accepted" not in firsts:
         firsts["job_accepted"] = float(job_accepted)
     points = [(phase, t, 0, 0.0) for phase, t in firsts.items()]
@@ -138,7 +142,7 @@ def timeline(events: Iterable[dict], job_accepted: float | None = None) -> list[
     rows, prev = [], start
     for phase, t, ranks, spread in points:
         rows.append(Row(phase, round(t - start, 3), round(max(t - prev, 0.0), 3), round(t, 3), ranks, round(spread, 3),
-                        cpu.get(phase)))
+                        cpu.get(phase), dict(sorted(cores[phase].items())) if phase in cores else None))
         prev = max(prev, t)
     return rows
 
@@ -162,6 +166,9 @@ def table(rows: list[Row]) -> list[str]:
     lines = [f"{'phase':<16} {'at':>8} {'took':>7} {'cpu':>7}  what"]
     for r in rows:
         extra = f" ({r.ranks} workers, spread {r.spread_s:.2f} s)" if r.ranks > 1 else ""
+        if r.cores:  # "; training threads on cores 0 | 1": rank by rank
+            extra += "; training thread" + ("s" if len(r.cores) > 1 else "") + " on cores " + " | ".join(
+                ",".join(map(str, cs)) for cs in r.cores.values())
         cpu = f"{r.cpu_s:>6.2f}s" if r.cpu_s is not None else f"{'':>7}"
         lines.append(f"{r.phase:<16} {r.at_s:>7.2f}s {r.took_s:>6.2f}s {cpu}  {r.meaning}{extra}")
     return lines

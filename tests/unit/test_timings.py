@@ -99,3 +99,15 @@ def test_a_phase_marked_now_carries_this_process_cpu_and_the_table_shows_it(monk
     table = timings.table(list(rows.values()))
     assert table[0].split()[:4] == ["phase", "at", "took", "cpu"]
     assert any(l.startswith("imports") and "3.00s" in l for l in table)
+
+
+def test_the_cores_each_rank_is_bound_to_reach_the_row_and_the_table():
+    events = [dict(ev("imports", 10.0, 1), cores=[1]), dict(ev("imports", 9.5, 0), cores=[0]),
+              dict(ev("imports", 30.0, 1), cores=[0]),  # a restart's: the first run counts
+              ev("engine_built", 12.0, 0)]
+    rows = timings.timeline(events)
+    by = {r.phase: r for r in rows}
+    assert by["imports"].cores == {0: [0], 1: [1]} and by["engine_built"].cores is None
+    line = [x for x in timings.table(rows) if x.startswith("imports")][0]
+    assert line.endswith("(2 workers, spread 0.50 s); training threads on cores 0 | 1"), line
+    assert "cores" not in [x for x in timings.table(rows) if x.startswith("engine_built")][0]
