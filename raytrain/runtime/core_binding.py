@@ -64,7 +64,10 @@ def bind_worker(local_rank: int, local_world_size: int, cpus_per_worker: float, 
     if not enabled() or use_gpu or not hasattr(os, "sched_setaffinity") or not sys.platform.startswith("linux"):
         return None
     try:
-        cores = cores_for(local_rank, local_world_size, cpus_per_worker, list(os.sched_getaffinity(0)), node_cpus())
+        allowed = sorted(os.sched_getaffinity(0))
+        if cores_for(local_rank, local_world_size, cpus_per_worker, allowed, len(allowed)) is None:
+            return None  # the workers do not fill the cores: no need to ask Ray about the node
+        cores = cores_for(local_rank, local_world_size, cpus_per_worker, allowed, node_cpus())
         if cores:
             bind_thread(cores)
         return cores

@@ -82,3 +82,14 @@ def test_a_failure_to_learn_the_node_leaves_the_worker_unbound(monkeypatch):
     monkeypatch.setattr(core_binding, "node_cpus", unreachable)
     monkeypatch.setattr(core_binding, "bind_thread", lambda cores: pytest.fail("bound"))
     assert core_binding.bind_worker(0, 1, 1, use_gpu=False) is None
+
+
+def test_ray_is_asked_about_the_node_only_when_the_workers_could_fill_the_cores(monkeypatch):
+    asked = []
+    monkeypatch.setattr(core_binding, "node_cpus", lambda: asked.append(1) or 1.0)
+    monkeypatch.setattr(core_binding, "bind_thread", lambda cores: None)
+    n = len(os.sched_getaffinity(0))
+    assert core_binding.bind_worker(0, n + 1, 1, use_gpu=False) is None
+    assert asked == []
+    core_binding.bind_worker(0, n, 1, use_gpu=False)
+    assert asked == [1]
