@@ -61,7 +61,7 @@ def node_cpus() -> float | None:
 def bind_worker(local_rank: int, local_world_size: int, cpus_per_worker: float, use_gpu: bool) -> list[int] | None:
     """On a Ray Train worker's training thread: bind it as :func:`cores_for` says; the cores, or None (nothing
     bound)."""
-    if not enabled() or use_gpu or not hasattr(os, "sched_setaffinity") or not sys.platform.startswith("linux"):
+    if not enabled() or use_gpu or not sys.platform.startswith("linux"):  # (sched_setaffinity: Linux only)
         return None
     try:
         allowed = sorted(os.sched_getaffinity(0))

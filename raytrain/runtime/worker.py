@@ -32,7 +32,8 @@ def _train(config: dict[str, Any]) -> None:
 
     from raytrain import run_record, timings
 
-    rank = ray.train.get_context().get_world_rank()
+    train_ctx = ray.train.get_context()
+    rank = train_ctx.get_world_rank()
     run_record.start(plan.storage, config.get("run", ""), f"rank-{rank}")
     from raytrain.runtime import rank_log
 
@@ -59,7 +60,6 @@ def _train(config: dict[str, Any]) -> None:
 
     from raytrain.runtime import core_binding
 
-    train_ctx = ray.train.get_context()
     cores = core_binding.bind_worker(train_ctx.get_local_rank(), train_ctx.get_local_world_size(),
                                      plan.scaling.resources_per_worker.get("CPU", 1), plan.scaling.use_gpu)
     timings.emit("imports", rank=rank, **({"cores": cores} if cores else {}))

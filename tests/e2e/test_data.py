@@ -53,13 +53,12 @@ def lost_lines(cli, info, log) -> str:
     """Which ``@@ids`` lines the ranks wrote (their own logs, written by a ``tee`` of their stdout) never
     reached the job's log as ``jobs logs`` shows it, and whether ``jobs logs -v`` has them: what a failure
     of the checks below says (a line once went missing in CI, 2026-12-05, not since reproduced)."""
+    def ids_lines(text):
+        return {line[line.index("@@ids "):].rstrip() for line in text.splitlines() if "@@ids " in line}
+
     logs = Path(cli.env["RAYTRAIN_HOME"]) / "runs" / info["id"] / "raytrain" / "logs"
-    written = set()
-    for rank_log in sorted(logs.glob("rank-*.log")):
-        written |= {line[line.index("@@ids "):].rstrip() for line in rank_log.read_text().splitlines()
-                    if "@@ids " in line}
-    shown = {line[line.index("@@ids "):].rstrip() for line in log.splitlines() if "@@ids " in line}
-    raw = {line[line.index("@@ids "):].rstrip() for line in info["raw_log"].splitlines() if "@@ids " in line}
+    written = set().union(*(ids_lines(rank_log.read_text()) for rank_log in logs.glob("rank-*.log")))
+    shown, raw = ids_lines(log), ids_lines(info["raw_log"])
     missing = sorted(written - shown)
     return (f"{len(missing)} of {len(written)} @@ids lines of the rank logs ({logs}) not in `jobs logs`"
             + "".join(f"\n  {m} (in `jobs logs -v`: {m in raw})" for m in missing))
