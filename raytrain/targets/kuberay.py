@@ -42,6 +42,7 @@ from raytrain.targets.base import (
     JobHandle,
     Request,
     Target,
+    allocator_env_vars,
     mask_env,
     shipped_plan,
 )
@@ -262,6 +263,7 @@ class RayJobTarget(Target):
         env_vars = {
             **RUNTIME_ENV_VARS,
             **(extra.pop("env_vars", None) or {}),
+            **allocator_env_vars(plan),
             **plan.env,
             "RAYTRAIN_PLAN": shipped_plan(plan),
             "RAYTRAIN_RUN_NAME": run_name,

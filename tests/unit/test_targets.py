@@ -117,6 +117,27 @@ def test_the_local_cluster_turns_off_ray_train_processes_it_has_no_use_for(raytr
     assert _local(tmp_path).dry_run(plan).runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
 
 
+@pytest.mark.parametrize("make", [_local, _address, _rayjob, _port_forward])
+def test_cpu_workers_get_the_allocator_settings_on_every_target(make, raytrain_home, tmp_path):
+    """A job whose workers train on CPU runs with glibc's allocator keeping its memory between steps
+    (GLIBC_TUNABLES in the job's environment, shown by the dry run); GPU workers keep glibc's defaults; --env
+    replaces the value, and an empty one turns it off."""
+    from raytrain.targets.base import CPU_ALLOCATOR_ENV_VARS
+
+    def env_vars(**options):
+        plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=2, **options), cluster_has_gpus=True)
+        return make(tmp_path).dry_run(plan).runtime_env["env_vars"]
+
+    cpu = env_vars(gpus_per_worker=0)
+    assert cpu["GLIBC_TUNABLES"] == CPU_ALLOCATOR_ENV_VARS["GLIBC_TUNABLES"]
+    assert {"glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold", "glibc.malloc.top_pad"} == {
+        item.split("=")[0] for item in cpu["GLIBC_TUNABLES"].split(":")}
+    assert "GLIBC_TUNABLES" not in env_vars(gpus_per_worker=1)
+    assert env_vars(gpus_per_worker=0, env={"GLIBC_TUNABLES": ""})["GLIBC_TUNABLES"] == ""
+    mine = "glibc.malloc.arena_max=2"
+    assert env_vars(gpus_per_worker=0, env={"GLIBC_TUNABLES": mine})["GLIBC_TUNABLES"] == mine
+
+
 @pytest.mark.parametrize("flags, named", [
     ({"checkpoint_every": 5}, "--checkpoint-every 5"),
     ({"max_failures": 2}, "--max-failures 2"),
