@@ -65,11 +65,13 @@ RUNTIME_ENV_VARS = {
 
 # glibc's allocator for a job whose workers train on CPU: tensors up to 32 MB come from the allocator's
 # heaps instead of fresh mmaps, and freed memory stays in the process for the next step (up to 256 MB at the
-# top of a heap, 64 MB of padding) instead of going back to the kernel and being faulted in again. Ray Train
-# runs the job in a thread of the worker, whose allocations come from a thread arena, and a step then paid
-# for ~25,000 page faults a second (ZeRO-1, 2 workers on 2 cores: 7,700 with these) and ran ~7 % slower than
-# the same job under torchrun (1.01 with them; README, Benchmarks). Ignored where the C library is not
-# glibc; `--env GLIBC_TUNABLES=` (empty) gives glibc's defaults back, any other value replaces these.
+# top of a heap, 64 MB of padding) instead of going back to the kernel and being faulted in again. With
+# glibc's defaults each rank of a 2-worker ZeRO-1 job took ~25,000 page faults a second (7,700 with these)
+# and stepped ~7 % slower than the same job under torchrun; with these 1.01-1.03 (README, Benchmarks).
+# Why the defaults cost Ray's worker more than torchrun's, whose ranks fault as often, is not established
+# (Ray Train runs the job in a thread of the worker, which allocates from a thread arena; torchrun in the
+# main thread). Ignored where the C library is not glibc; `--env GLIBC_TUNABLES=` (empty) gives glibc's
+# defaults back, any other value replaces these.
 CPU_ALLOCATOR_ENV_VARS = {
     "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=33554432"
                       ":glibc.malloc.top_pad=67108864",
