@@ -262,8 +262,8 @@ class RayJobTarget(Target):
         extra = dict(self.profile.rayjob.runtime_env or {})
         env_vars = {
             **RUNTIME_ENV_VARS,
-            **(extra.pop("env_vars", None) or {}),
             **allocator_env_vars(plan),
+            **(extra.pop("env_vars", None) or {}),  # the profile's, then the job's --env, win
             **plan.env,
             "RAYTRAIN_PLAN": shipped_plan(plan),
             "RAYTRAIN_RUN_NAME": run_name,

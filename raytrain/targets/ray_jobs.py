@@ -89,7 +89,7 @@ class RayJobsTarget(Target):
         return None  # Ray's default on the head node (~/ray_results)
 
     def runtime_env(self, plan: Plan, run_name: str, shipped: upload.Upload | None = None) -> dict:
-        env_vars = {**RUNTIME_ENV_VARS, **self.runtime_env_vars, **allocator_env_vars(plan), **plan.env,
+        env_vars = {**RUNTIME_ENV_VARS, **allocator_env_vars(plan), **self.runtime_env_vars, **plan.env,
                     "RAYTRAIN_PLAN": shipped_plan(plan),
                     "RAYTRAIN_RUN_NAME": run_name}
         shipped = shipped or upload.scan(plan.job_dir, SECRET_EXCLUDES)

@@ -138,6 +138,18 @@ def test_cpu_workers_get_the_allocator_settings_on_every_target(make, raytrain_h
     assert env_vars(gpus_per_worker=0, env={"GLIBC_TUNABLES": mine})["GLIBC_TUNABLES"] == mine
 
 
+def test_a_profiles_allocator_settings_win_over_raytrains(raytrain_home, tmp_path):
+    """A Kubernetes profile's own GLIBC_TUNABLES (rayjob.runtime-env.env_vars) is kept; a job's --env wins
+    over both."""
+    target = _rayjob(tmp_path)
+    target.profile.rayjob.runtime_env = {"env_vars": {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}}
+    plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=2, gpus_per_worker=0), cluster_has_gpus=True)
+    assert target.dry_run(plan).runtime_env["env_vars"]["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=4"
+    plan = resolve(Options(job=str(JOBS / "cnn.py"), workers=2, gpus_per_worker=0, env={"GLIBC_TUNABLES": ""}),
+                   cluster_has_gpus=True)
+    assert target.dry_run(plan).runtime_env["env_vars"]["GLIBC_TUNABLES"] == ""
+
+
 @pytest.mark.parametrize("flags, named", [
     ({"checkpoint_every": 5}, "--checkpoint-every 5"),
     ({"max_failures": 2}, "--max-failures 2"),
