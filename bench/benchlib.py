@@ -152,6 +152,7 @@ class Run:
     last_step_s: float | None = None
     teardown_s: float | None = None
     rss_peak_gb: dict[str, float] = field(default_factory=dict)  # rank -> peak RSS
+    allocator: str | None = None  # the workers' malloc: A as its preflight reports it, B from LD_PRELOAD
     # cores used during the steady steps (after the warm-up, to the last step): training processes / the rest
     steady_cpu: dict[str, float] | None = None
     losses: list[float] = field(default_factory=list)
@@ -191,6 +192,9 @@ def fill_from_facts(run: Run, facts: JobFacts, t0: float, warmup: int, cpu: CpuS
     run.rss_peak_gb = {str(rank): round(m["rss_peak"] / 1e9, 3)
                        for rank, m in sorted(facts.memory.items()) if m.get("rss_peak")}
     run.checkpoints = [c for c in facts.checkpoints if c is not None]
+    allocators = {w.get("allocator") for w in (facts.preflight or {}).get("workers") or []} - {None}
+    if allocators:
+        run.allocator = ",".join(sorted(allocators))
     if cpu is not None and len(steady) >= 2:
         run.steady_cpu = cpu.usage(steady[0].get("wall_time"), steady[-1].get("wall_time"))
 
@@ -250,12 +254,25 @@ def bare_env(base: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def jemalloc_preload() -> dict[str, str]:
+    """LD_PRELOAD of the jemalloc Ray ships (what raytrain's CPU workers run with on its own nodes)."""
+    from raytrain.clusters.ray_setup_worker import jemalloc_library
+
+    library = jemalloc_library()
+    if library is None:
+        raise SystemExit("bench: this Ray has no core/libjemalloc.so to preload")
+    return {"LD_PRELOAD": library}
+
+
 def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int, warmup: int,
-             timeout: float = 900, nice: int = 0) -> Run:
+             timeout: float = 900, nice: int = 0, extra_env: dict[str, str] | None = None) -> Run:
     """B: torchrun with the plan's number of processes, each running bench/bare_runner.py on the same plan.
-    ``nice``: run it at this niceness (Ray starts its workers at 15; the job driver at 0)."""
+    ``nice``: run it at this niceness (Ray starts its workers at 15; the job driver at 0). ``extra_env``: set
+    for B only (e.g. jemalloc_preload())."""
     run = Run("torchrun", label, rnd, load_before=os.getloadavg()[0])
     run.extra["nice"] = nice
+    b_env = {**bare_env(env), **(extra_env or {})}
+    run.allocator = "jemalloc" if "libjemalloc" in b_env.get("LD_PRELOAD", "") else "default"
     nproc = int(plan["scaling"]["num_workers"])
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-plan-", delete=False) as f:
         json.dump(plan, f)
@@ -267,7 +284,7 @@ def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int,
     t0 = time.time()
     try:
         with CpuSampler() as cpu:
-            proc = subprocess.run(cmd, env=bare_env(env), capture_output=True, text=True, timeout=timeout,
+            proc = subprocess.run(cmd, env=b_env, capture_output=True, text=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL, cwd=ROOT)
     except subprocess.TimeoutExpired:
         run.wall_s, run.error = round(time.time() - t0, 3), f"timed out after {timeout:.0f} s"

@@ -12,6 +12,10 @@ For each config and round it runs, one after the other (A B A B ...):
      the plan ``raytrain submit ... --dry-run --json`` resolves for the same flags (the exact DeepSpeed dict):
      the job's ``train(ctx)`` with a Ray-free context, the engine from ``build_engine``, the same event lines.
 
+raytrain's CPU workers run with the jemalloc Ray ships (on raytrain's own nodes); B runs as torchrun does, with
+glibc's malloc, unless ``--bare-jemalloc`` preloads the same library for B: A/B is then the overhead at the
+same allocator. The table's first column says which each side had.
+
 Figures per config (medians over rounds; [min, max] in the JSON): steady-state step time (median
 ``step_time_s`` after the first --warmup steps) and A/B; time from command start to the end of step 1 and
 A/B; end-to-end wall time; peak RSS per worker; and the largest loss difference between A and B of a round
@@ -53,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="steps left out of the steady state (default 3; --smoke 2)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to raytrain submit --env for side A (e.g. RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05)")
+    p.add_argument("--bare-env", action="append", default=[], metavar="KEY=VALUE", help="set for side B only")
+    p.add_argument("--bare-jemalloc", action="store_true",
+                   help="side B with Ray's jemalloc preloaded, as raytrain's CPU workers run: A/B is then the "
+                        "overhead at the same allocator (default: B as torchrun runs, with glibc's malloc)")
     p.add_argument("--bare-nice", type=int, default=0,
                    help="run side B at this niceness (Ray runs its train workers at 15; default %(default)s)")
     p.add_argument("--num-cpus", type=float, default=None, help="cluster up --num-cpus, if this script starts it")
@@ -89,6 +97,8 @@ def summarise(runs: list[bl.Run], warmup: int) -> dict:
             "torchrun_range": bl.spread([getattr(r, attr) for r in b]),
             "ratio": bl.ratio(med(a, attr), med(b, attr)),
         }
+    out["allocator"] = {side: ",".join(sorted({r.allocator or "?" for r in rs})) or None
+                        for side, rs in (("raytrain", a), ("torchrun", b))}
     out["steady_cpu_cores"] = {
         side: {k: bl.median([(r.steady_cpu or {}).get(k) for r in rs]) for k in ("workers", "other")}
         for side, rs in (("raytrain", a), ("torchrun", b))
@@ -119,8 +129,8 @@ def diff(a, b):
 
 
 def table(results: dict) -> str:
-    header = ["config", "steady step A", "steady step B", "A/B", "A-B", "first step A", "first step B", "A/B",
-              "wall A", "wall B", "peak RSS/worker A", "peak RSS/worker B", "max loss diff"]
+    header = ["config", "malloc A / B", "steady step A", "steady step B", "A/B", "A-B", "first step A",
+              "first step B", "A/B", "wall A", "wall B", "peak RSS/worker A", "peak RSS/worker B", "max loss diff"]
     rows = []
     for label, cfg in results["configs"].items():
         s = cfg["summary"]
@@ -130,7 +140,7 @@ def table(results: dict) -> str:
             return " / ".join(f"{v:.2f}" for _, v in sorted(values.items())) + " GB" if values else "-"
 
         rows.append([
-            label,
+            label, f"{s['allocator']['raytrain'] or '-'} / {s['allocator']['torchrun'] or '-'}",
             bl.fmt(s["steady_step_s"]["raytrain"], " ms", 0, 1000), bl.fmt(s["steady_step_s"]["torchrun"], " ms", 0, 1000),
             bl.fmt(s["steady_step_s"]["ratio"], "", 3),
             bl.fmt(diff(s["steady_step_s"]["raytrain"], s["steady_step_s"]["torchrun"]), " ms", 1, 1000),
@@ -166,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     job = str(Path(args.job).resolve())
     job_args = args.job_args.split()
+    bare_extra = dict(kv.split("=", 1) for kv in args.bare_env)
+    if args.bare_jemalloc:
+        bare_extra.update(bl.jemalloc_preload())
     configs = {}
     for zero in args.zero:
         extra = [x for kv in args.env for x in ("--env", kv)]
@@ -192,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                     if side == "raytrain":
                         run = bl.run_raytrain(job, cfg["flags"], job_args, env, label=label, rnd=rnd, warmup=args.warmup)
                     else:
-                        run = bl.run_bare(cfg["plan"], env, label=label, rnd=rnd, warmup=args.warmup, nice=args.bare_nice)
+                        run = bl.run_bare(cfg["plan"], env, label=label, rnd=rnd, warmup=args.warmup,
+                                          nice=args.bare_nice, extra_env=bare_extra)
                     cfg["runs"].append(run)
                     bl.log(f"overhead: round {rnd + 1} {label} {side:8s} "
                            + (f"steps {run.steps}, steady {bl.fmt(run.steady_step_s, ' s', 3)}, "
@@ -209,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "job": args.job, "job_args": job_args, "workers": args.workers, "precision": args.precision,
             "grad_accum": args.grad_accum, "micro_batch": args.micro_batch, "rounds": args.rounds,
-            "warmup_steps": args.warmup, "env": args.env, "bare_nice": args.bare_nice, "smoke": args.smoke, "cluster_started_here": started,
+            "warmup_steps": args.warmup, "env": args.env, "bare_env": args.bare_env,
+            "bare_jemalloc": args.bare_jemalloc, "bare_nice": args.bare_nice, "smoke": args.smoke, "cluster_started_here": started,
             "duration_s": round(time.time() - t_start, 1),
         },
         "configs": {},

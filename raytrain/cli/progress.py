@@ -59,6 +59,14 @@ def describe_preflight(event: dict) -> list[str]:
         f"{len(nodes)} node(s), rank 0 at {event.get('master')}"
         + (f", GLOO/NCCL_SOCKET_IFNAME={iface} ({event.get('reason')})" if iface else f" ({event.get('reason')})")
     )
+    allocators: dict[str, list[str]] = {}
+    for w in event.get("workers") or []:
+        if w.get("allocator"):
+            allocators.setdefault(w["allocator"], []).append(str(w.get("rank")))
+    if len(allocators) == 1:
+        head += f"; malloc: {next(iter(allocators))}"
+    elif allocators:
+        head += "; malloc: " + ", ".join(f"{name} on rank(s) {','.join(r)}" for name, r in allocators.items())
     lines = [head]
     if len(nodes) > 1:
         for where, workers in nodes.items():

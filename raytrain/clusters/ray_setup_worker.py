@@ -11,6 +11,13 @@ controller and its synchronisation actor, one per worker), on a 2-core node all 
 This script does the same with the standard library: the same variables (``${VAR}`` expanded, unknown ones
 made empty, as Ray's ``update_envs``), the same command, the same ``bash -c`` exec. A context it does not
 know (a field Ray added, Java jars, a language other than Python, Windows) goes to Ray's own script.
+
+One addition: a process whose environment has ``RAYTRAIN_CPU_ALLOCATOR=jemalloc`` (a job whose workers train
+on CPU: raytrain.targets.base) starts with the jemalloc that Ray ships for its raylet (``ray/core/libjemalloc.so``
+of this node's Ray) in ``LD_PRELOAD``, after anything the environment preloads already (an allocator the user
+preloads wins). It replaces glibc's malloc for the whole process; torch's CPU tensors step 10-15 % faster with
+it (README, Benchmarks). Where that file does not exist, nothing is preloaded and glibc's malloc stays.
+
 raytrain's ``ray start`` (raytrain.clusters.ray_start) puts this file in the raylet's
 ``--python_worker_command`` in place of Ray's; ``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's.
 """
@@ -21,12 +28,15 @@ import os
 import re
 import shlex
 import sys
+from typing import MutableMapping
 
 CONTEXT_FLAG = "--serialized-runtime-env-context"
 LANGUAGE_FLAG = "--language"
 # RuntimeEnvContext's fields (ray/_private/runtime_env/context.py) this script knows how to apply
 KNOWN_FIELDS = {"command_prefix", "env_vars", "py_executable", "override_worker_entrypoint", "java_jars"}
 UNSET_VAR = re.compile(r"\$\{[A-Z0-9_]+\}")
+ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"
+JEMALLOC = "jemalloc"
 
 
 def split_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
@@ -79,15 +89,42 @@ def handled_here(context: dict | None, language: str | None) -> bool:
     )
 
 
+def ray_package_dir() -> str | None:
+    """This node's Ray package folder, found without importing Ray."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray")
+    return os.path.dirname(spec.origin) if spec and spec.origin else None
+
+
+def jemalloc_library() -> str | None:
+    """Ray's own jemalloc (``ray/core/libjemalloc.so``, in Ray's Linux wheels), or None where it is missing."""
+    folder = ray_package_dir()
+    path = os.path.join(folder, "core", "libjemalloc.so") if folder else None
+    return path if path and os.path.isfile(path) else None
+
+
+def preload_allocator(env: MutableMapping[str, str]) -> str | None:
+    """Where ``env`` asks for jemalloc (``RAYTRAIN_CPU_ALLOCATOR=jemalloc``), add Ray's jemalloc to its
+    ``LD_PRELOAD`` (last: a library already preloaded keeps its malloc); the library added, or None."""
+    if env.get(ALLOCATOR_VAR, "").strip().lower() != JEMALLOC:
+        return None
+    library = jemalloc_library()
+    if library is None:
+        return None
+    preloaded = [p for p in re.split(r"[: ]+", env.get("LD_PRELOAD", "")) if p]
+    if library not in preloaded:
+        env["LD_PRELOAD"] = ":".join([*preloaded, library])
+    return library
+
+
 def ray_setup_worker(argv: list[str]) -> None:
     """Run Ray's own setup_worker.py with these arguments (found without importing Ray)."""
-    import importlib.util
     import runpy
 
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # this folder shadows nothing then
-    spec = importlib.util.find_spec("ray")
-    script = os.path.join(os.path.dirname(spec.origin), "_private", "workers", "setup_worker.py")
+    script = os.path.join(ray_package_dir() or "", "_private", "workers", "setup_worker.py")
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
 
@@ -103,6 +140,7 @@ def main(argv: list[str]) -> None:
         return
     for key, value in (context.get("env_vars") or {}).items():
         os.environ[key] = expand(value)
+    preload_allocator(os.environ)
     os.execvp("bash", ["bash", "-c", worker_command(context, rest)])
 
 

@@ -41,8 +41,18 @@ def source_address(dest: str) -> str | None:
         return None
 
 
+def allocator() -> str:
+    """The malloc this process runs with: "jemalloc" where a libjemalloc is mapped (preloaded: raytrain's CPU
+    workers on its own nodes, raytrain.clusters.ray_setup_worker), else "default" (the C library's)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "jemalloc" if "libjemalloc" in f.read() else "default"
+    except OSError:
+        return "default"
+
+
 def describe(master_addr: str) -> dict[str, Any]:
-    """This worker: host, node address, GPUs, IPv4 interfaces, the address that routes to rank 0."""
+    """This worker: host, node address, GPUs, IPv4 interfaces, the address that routes to rank 0, its malloc."""
     import psutil
     import ray
 
@@ -61,6 +71,7 @@ def describe(master_addr: str) -> dict[str, Any]:
         "up": up,
         "route_source": source_address(master_addr),
         "env": {k: os.environ[k] for k in IFNAME_VARS if os.environ.get(k)},
+        "allocator": allocator(),
     }
 
 
@@ -250,7 +261,7 @@ def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
         "reason": decision.reason,
         "workers": [
             {"rank": i, "host": r["host"], "ip": r["node_ip"], "gpus": r["gpus"],
-             "interface": decision.interface.get(i) or route_interface(r)}
+             "interface": decision.interface.get(i) or route_interface(r), "allocator": r.get("allocator")}
             for i, r in enumerate(reports)
         ],
         "seconds": round(time.monotonic() - started, 2),

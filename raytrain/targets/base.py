@@ -63,25 +63,34 @@ RUNTIME_ENV_VARS = {
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # else every print of the job reaches the log twice
 }
 
-# glibc's allocator for a job whose workers train on CPU: tensors up to 32 MB come from the allocator's
-# heaps instead of fresh mmaps, and freed memory stays in the process for the next step (up to 256 MB at the
-# top of a heap, 64 MB of padding) instead of going back to the kernel and being faulted in again. With
-# glibc's defaults each rank of a 2-worker ZeRO-1 job took ~25,000 page faults a second (7,700 with these)
-# and stepped ~7 % slower than the same job under torchrun; with these 1.01-1.03 (README, Benchmarks).
-# Why the defaults cost Ray's worker more than torchrun's, whose ranks fault as often, is not established
-# (Ray Train runs the job in a thread of the worker, which allocates from a thread arena; torchrun in the
-# main thread). Ignored where the C library is not glibc; `--env GLIBC_TUNABLES=` (empty) gives glibc's
-# defaults back, any other value replaces these.
+# The allocator of a job whose workers train on CPU.
+# - RAYTRAIN_CPU_ALLOCATOR=jemalloc: on nodes raytrain starts (`cluster up`, `cluster join`), each of the job's
+#   processes starts with the jemalloc Ray ships for its raylet preloaded (raytrain.clusters.ray_setup_worker).
+#   A 2-worker ZeRO-1 job stepped 14 % faster with it, ZeRO-3 5 % (README, Benchmarks). Kubernetes pods start
+#   Ray from their image, where nothing reads the variable, so those targets leave it out (jemalloc=False).
+# - GLIBC_TUNABLES, for glibc's malloc where jemalloc is not there (or turned off): tensors up to 32 MB come
+#   from the allocator's heaps instead of fresh mmaps, and freed memory stays in the process for the next step
+#   (up to 256 MB at the top of a heap, 64 MB of padding) instead of going back to the kernel and being faulted
+#   in again. With glibc's defaults each rank of a 2-worker ZeRO-1 job took ~25,000 page faults a second (7,700
+#   with these) and stepped ~7 % slower than the same job under torchrun; with these 1.01-1.03. Why the
+#   defaults cost Ray's worker more than torchrun's, whose ranks fault as often, is not established (Ray Train
+#   runs the job in a thread of the worker, which allocates from a thread arena; torchrun in the main thread).
+#   Ignored where the C library is not glibc.
+# `--env RAYTRAIN_CPU_ALLOCATOR=glibc` keeps glibc's malloc; `--env GLIBC_TUNABLES=` (empty) its defaults.
+CPU_ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"
 CPU_ALLOCATOR_ENV_VARS = {
     "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=33554432"
                       ":glibc.malloc.top_pad=67108864",
 }
 
 
-def allocator_env_vars(plan: Plan) -> dict[str, str]:
-    """The allocator settings for ``plan``'s job: CPU_ALLOCATOR_ENV_VARS where its workers train on CPU (the
-    only place they were measured); none for GPU workers."""
-    return {} if plan.scaling.use_gpu else dict(CPU_ALLOCATOR_ENV_VARS)
+def allocator_env_vars(plan: Plan, *, jemalloc: bool = True) -> dict[str, str]:
+    """The allocator settings for ``plan``'s job where its workers train on CPU (the only place they were
+    measured; none for GPU workers): CPU_ALLOCATOR_ENV_VARS and, with ``jemalloc`` (the target's nodes may be
+    raytrain's), RAYTRAIN_CPU_ALLOCATOR=jemalloc."""
+    if plan.scaling.use_gpu:
+        return {}
+    return {**CPU_ALLOCATOR_ENV_VARS, **({CPU_ALLOCATOR_VAR: "jemalloc"} if jemalloc else {})}
 
 
 # Added on the embedded local cluster, where each saves a process or per-step work that serves nothing there.

@@ -28,6 +28,7 @@ class RayClusterJobsTarget(RayJobsTarget):
     """The Jobs API of an existing RayCluster, through a port-forward opened on first use."""
 
     kind = "kuberay-cluster"
+    raytrain_nodes = False  # the pods start Ray from their image
 
     def __init__(
         self,

@@ -262,7 +262,7 @@ class RayJobTarget(Target):
         extra = dict(self.profile.rayjob.runtime_env or {})
         env_vars = {
             **RUNTIME_ENV_VARS,
-            **allocator_env_vars(plan),
+            **allocator_env_vars(plan, jemalloc=False),  # the pods start Ray from their image
             **(extra.pop("env_vars", None) or {}),  # the profile's, then the job's --env, win
             **plan.env,
             "RAYTRAIN_PLAN": shipped_plan(plan),

@@ -73,6 +73,8 @@ class RayJobsTarget(Target):
 
     kind = "address"
     runtime_env_vars: dict[str, str] = {}  # this target's additions to RUNTIME_ENV_VARS
+    # whether the nodes may be raytrain's (`cluster up`/`join`), whose worker processes can preload jemalloc
+    raytrain_nodes = True
 
     def __init__(self, address: str, *, token: str | None = None, python: str = "python", ship_raytrain: bool = True):
         self.python = python
@@ -89,7 +91,8 @@ class RayJobsTarget(Target):
         return None  # Ray's default on the head node (~/ray_results)
 
     def runtime_env(self, plan: Plan, run_name: str, shipped: upload.Upload | None = None) -> dict:
-        env_vars = {**RUNTIME_ENV_VARS, **allocator_env_vars(plan), **self.runtime_env_vars, **plan.env,
+        env_vars = {**RUNTIME_ENV_VARS, **allocator_env_vars(plan, jemalloc=self.raytrain_nodes),
+                    **self.runtime_env_vars, **plan.env,
                     "RAYTRAIN_PLAN": shipped_plan(plan),
                     "RAYTRAIN_RUN_NAME": run_name}
         shipped = shipped or upload.scan(plan.job_dir, SECRET_EXCLUDES)

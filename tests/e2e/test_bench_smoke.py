@@ -46,6 +46,9 @@ def test_overhead_smoke_on_the_suite_cluster(cli, tmp_path):
         assert 0 < run["steady_step_s"] < 60, run
         assert set(run["rss_peak_gb"]) == {"0", "1"} and all(0.05 < v < 20 for v in run["rss_peak_gb"].values()), run
     assert sides["raytrain"]["job_id"] and sides["raytrain"]["job_start_s"] > 0
+    # raytrain's CPU workers run with Ray's jemalloc (the local cluster preloads it); torchrun as users run it
+    assert (sides["raytrain"]["allocator"], sides["torchrun"]["allocator"]) == ("jemalloc", "default"), sides
+    assert cfg["summary"]["allocator"] == {"raytrain": "jemalloc", "torchrun": "default"}
     s = cfg["summary"]
     for key in ("steady_step_s", "first_step_s", "wall_s"):
         assert s[key]["ratio"] > 0, (key, s[key])

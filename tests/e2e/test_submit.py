@@ -49,6 +49,8 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     assert proc.returncode == 0, out
     assert "training cnn on 2 worker(s), ZeRO-1, bf16, global batch 64" in out
     assert "succeeded" in out
+    # the CPU workers run with Ray's jemalloc in place of glibc's malloc (raytrain.clusters.ray_setup_worker)
+    assert "2 worker(s) on 1 node(s)" in out and "; malloc: jemalloc" in out, out
     # the wait for the cluster's start is said, once, before the job is submitted
     assert out.count("raytrain: starting the local Ray cluster") == 1, out
     assert proc.stdout.index("starting the local Ray cluster") < proc.stdout.index("raytrain: submitted"), out

@@ -1,4 +1,5 @@
 """Preflight: the interface decision (pure) and the real TCP probes on loopback."""
+import os
 import socket
 
 from raytrain.cli.progress import describe_preflight, describe_resize
@@ -81,6 +82,7 @@ def test_describe_reports_this_machine():
     assert r["host"] == socket.gethostname() and "lo" in r["interfaces"]
     assert r["route_source"] == "127.0.0.1" and route_interface(r) == "lo"
     assert r["gpus"] == [] and not ray.is_initialized()  # outside a worker: no Ray instance started for GPU ids
+    assert r["allocator"] == ("jemalloc" if "jemalloc" in os.environ.get("LD_PRELOAD", "") else "default")
 
 
 def test_terminal_lines():
@@ -91,6 +93,11 @@ def test_terminal_lines():
     lines = describe_preflight(event)
     assert "2 worker(s) on 2 node(s)" in lines[0] and "GLOO/NCCL_SOCKET_IFNAME=eth1" in lines[0]
     assert any("node2 (10.1.0.2): rank(s) 1, 1 GPU(s), via eth1" in line for line in lines)
+    assert "malloc" not in lines[0]  # an older runtime's event names none
+    event["workers"][0]["allocator"] = event["workers"][1]["allocator"] = "jemalloc"
+    assert describe_preflight(event)[0].endswith("; malloc: jemalloc")
+    event["workers"][1]["allocator"] = "default"
+    assert describe_preflight(event)[0].endswith("; malloc: jemalloc on rank(s) 0, default on rank(s) 1")
     resize = describe_resize({"workers": 1, "range": "1-2", "grad_accum": 8, "planned_grad_accum": 4,
                               "planned_workers": 2, "train_batch": 32})
     assert "1 worker(s)" in resize and "grad-accum 8 (planned 4 on 2)" in resize and "global batch 32" in resize

@@ -142,3 +142,45 @@ def test_rays_setup_worker_is_where_the_raylet_command_names_it():
     assert ray_constants.SETUP_WORKER_FILENAME == "setup_worker.py"
     assert "--maximum_startup_concurrency=" in inspect.getsource(services)
     assert "--python_worker_command=" in inspect.getsource(services)
+
+
+def test_a_cpu_jobs_processes_start_with_rays_jemalloc_preloaded(monkeypatch, tmp_path):
+    """RAYTRAIN_CPU_ALLOCATOR=jemalloc in a process's runtime env (a CPU job's, raytrain.targets.base) puts this
+    node's Ray's libjemalloc.so in LD_PRELOAD before the exec, after what is preloaded already; any other value,
+    or a Ray without the library, leaves LD_PRELOAD alone."""
+    library = light.jemalloc_library()
+    import ray
+
+    assert library == os.path.join(os.path.dirname(ray.__file__), "core", "libjemalloc.so")  # Ray's Linux wheel
+    monkeypatch.setattr(light.os, "execvp", lambda file, args: (_ for _ in ()).throw(SystemExit((file, args))))
+
+    def start(env_vars: dict) -> str | None:
+        context = {"env_vars": env_vars}
+        with pytest.raises(SystemExit):
+            light.main([*REST[:1], f"--serialized-runtime-env-context={json.dumps(context)}", *REST[1:],
+                        "--language=PYTHON"])
+        return os.environ.get("LD_PRELOAD")
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert start({"RAYTRAIN_CPU_ALLOCATOR": "jemalloc"}) == library
+    assert start({"RAYTRAIN_CPU_ALLOCATOR": "jemalloc"}) == library  # already there: not twice
+    monkeypatch.setenv("LD_PRELOAD", "/opt/libtcmalloc.so")  # the user's allocator is loaded first, so it wins
+    assert start({"RAYTRAIN_CPU_ALLOCATOR": "jemalloc"}) == f"/opt/libtcmalloc.so:{library}"
+    monkeypatch.delenv("LD_PRELOAD")
+    assert start({"RAYTRAIN_CPU_ALLOCATOR": "glibc"}) is None  # --env RAYTRAIN_CPU_ALLOCATOR=glibc
+    assert start({}) is None  # a GPU job's processes, Ray's own
+    monkeypatch.setattr(light, "ray_package_dir", lambda: str(tmp_path))  # a Ray without the library
+    assert start({"RAYTRAIN_CPU_ALLOCATOR": "jemalloc"}) is None
+
+
+def test_a_preloaded_jemalloc_runs_python_and_torch(tmp_path):
+    """The preloaded library really replaces malloc in a Python that imports torch: no loader error, and the
+    process maps it (what the preflight reports as the worker's allocator)."""
+    env = {**os.environ, "RAYTRAIN_CPU_ALLOCATOR": "jemalloc"}
+    env.pop("LD_PRELOAD", None)
+    assert light.preload_allocator(env) == light.jemalloc_library()
+    code = ("import torch; from raytrain.runtime.preflight import allocator; "
+            "x = torch.randn(512, 512); print(allocator(), float((x @ x).sum()) == float((x @ x).sum()))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["jemalloc", "True"], proc.stdout + proc.stderr
+    assert proc.stderr == "", proc.stderr

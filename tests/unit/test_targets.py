@@ -119,9 +119,9 @@ def test_the_local_cluster_turns_off_ray_train_processes_it_has_no_use_for(raytr
 
 @pytest.mark.parametrize("make", [_local, _address, _rayjob, _port_forward])
 def test_cpu_workers_get_the_allocator_settings_on_every_target(make, raytrain_home, tmp_path):
-    """A job whose workers train on CPU runs with glibc's allocator keeping its memory between steps
-    (GLIBC_TUNABLES in the job's environment, shown by the dry run); GPU workers keep glibc's defaults; --env
-    replaces the value, and an empty one turns it off."""
+    """A job whose workers train on CPU runs with jemalloc where its nodes may be raytrain's, and with glibc's
+    allocator keeping its memory between steps (GLIBC_TUNABLES in the job's environment, shown by the dry run);
+    GPU workers keep the defaults; --env replaces the values, and an empty GLIBC_TUNABLES turns it off."""
     from raytrain.targets.base import CPU_ALLOCATOR_ENV_VARS
 
     def env_vars(**options):
@@ -133,6 +133,12 @@ def test_cpu_workers_get_the_allocator_settings_on_every_target(make, raytrain_h
     assert {"glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold", "glibc.malloc.top_pad"} == {
         item.split("=")[0] for item in cpu["GLIBC_TUNABLES"].split(":")}
     assert "GLIBC_TUNABLES" not in env_vars(gpus_per_worker=1)
+    # jemalloc where the nodes may be raytrain's (whose worker processes preload it); a Kubernetes pod starts
+    # Ray from its image, where nothing would read the variable
+    assert cpu.get("RAYTRAIN_CPU_ALLOCATOR") == (None if make in (_rayjob, _port_forward) else "jemalloc")
+    assert "RAYTRAIN_CPU_ALLOCATOR" not in env_vars(gpus_per_worker=1)
+    if make in (_local, _address):
+        assert env_vars(gpus_per_worker=0, env={"RAYTRAIN_CPU_ALLOCATOR": "glibc"})["RAYTRAIN_CPU_ALLOCATOR"] == "glibc"
     assert env_vars(gpus_per_worker=0, env={"GLIBC_TUNABLES": ""})["GLIBC_TUNABLES"] == ""
     mine = "glibc.malloc.arena_max=2"
     assert env_vars(gpus_per_worker=0, env={"GLIBC_TUNABLES": mine})["GLIBC_TUNABLES"] == mine
