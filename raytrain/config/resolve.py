@@ -112,11 +112,19 @@ def _name(opts: Options, job: JobFile) -> str:
     return name
 
 
+# The values of RAYTRAIN_CPU_ALLOCATOR (raytrain.targets.base, raytrain.clusters.ray_setup_worker)
+CPU_ALLOCATORS = ("jemalloc", "glibc")
+
+
 def _env(opts: Options) -> dict[str, str]:
     env = {}
     for key, value in (opts.env or {}).items():
         if not ENV_KEY_RE.match(str(key)):
             raise ConfigError(f"--env {key}={value}: {key!r} is not a valid variable name", flag="--env")
+        if key == "RAYTRAIN_CPU_ALLOCATOR" and str(value).strip().lower() not in CPU_ALLOCATORS:
+            raise ConfigError(
+                f"--env RAYTRAIN_CPU_ALLOCATOR={value}: use jemalloc (Ray's, preloaded into CPU workers on the nodes "
+                "raytrain starts; the default) or glibc (the C library's malloc)", flag="--env")
         env[str(key)] = str(value)
     return env
 

@@ -80,6 +80,7 @@ def test_offload_all_offloads_params_with_zero3():
         (dict(precision="fp8"), "--precision", "fp32, bf16, fp16"),
         (dict(name="bad name!"), "--name", "letters, digits"),
         (dict(env={"1X": "y"}), "--env", "not a valid variable name"),
+        (dict(env={"RAYTRAIN_CPU_ALLOCATOR": "jemaloc"}), "--env", "use jemalloc (Ray's, preloaded"),
     ],
 )
 def test_each_rule_names_the_flag(kw, flag, words):
