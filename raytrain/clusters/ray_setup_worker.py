@@ -35,7 +35,7 @@ LANGUAGE_FLAG = "--language"
 # RuntimeEnvContext's fields (ray/_private/runtime_env/context.py) this script knows how to apply
 KNOWN_FIELDS = {"command_prefix", "env_vars", "py_executable", "override_worker_entrypoint", "java_jars"}
 UNSET_VAR = re.compile(r"\$\{[A-Z0-9_]+\}")
-ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"
+ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"  # raytrain.config.options.CPU_ALLOCATOR_VAR (no raytrain import here)
 JEMALLOC = "jemalloc"
 
 

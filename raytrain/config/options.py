@@ -30,6 +30,10 @@ ZERO_STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "optimizer", "all")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
+# The job's variable that picks a CPU job's malloc (raytrain.targets.base sets it, raytrain's setup worker
+# reads it; that stdlib-only script spells the name itself) and the values it takes
+CPU_ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"
+CPU_ALLOCATORS = ("jemalloc", "glibc")
 PP_PARTITIONS = ("parameters", "uniform")  # or "type:REGEX"
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 

@@ -24,7 +24,17 @@ from raytrain.config.hf_trainer import auto_config, merge_checkpoint_args, merge
 from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
 from raytrain.config.data import parse_data_pairs, resolve_data
 from raytrain.config.jobfile import JobFile, check_job_file
-from raytrain.config.options import DEFAULTS, OFFLOADS, PLACEMENTS, PRECISIONS, ZERO_STAGES, Options, parse_trackers
+from raytrain.config.options import (
+    CPU_ALLOCATOR_VAR,
+    CPU_ALLOCATORS,
+    DEFAULTS,
+    OFFLOADS,
+    PLACEMENTS,
+    PRECISIONS,
+    ZERO_STAGES,
+    Options,
+    parse_trackers,
+)
 from raytrain.config.parallel import check_parallel, check_zero3_keys
 from raytrain.config.plan import Plan, Scaling
 from raytrain.config.script_mode import script_mode_options
@@ -112,18 +122,14 @@ def _name(opts: Options, job: JobFile) -> str:
     return name
 
 
-# The values of RAYTRAIN_CPU_ALLOCATOR (raytrain.targets.base, raytrain.clusters.ray_setup_worker)
-CPU_ALLOCATORS = ("jemalloc", "glibc")
-
-
 def _env(opts: Options) -> dict[str, str]:
     env = {}
     for key, value in (opts.env or {}).items():
         if not ENV_KEY_RE.match(str(key)):
             raise ConfigError(f"--env {key}={value}: {key!r} is not a valid variable name", flag="--env")
-        if key == "RAYTRAIN_CPU_ALLOCATOR" and str(value).strip().lower() not in CPU_ALLOCATORS:
+        if key == CPU_ALLOCATOR_VAR and str(value).strip().lower() not in CPU_ALLOCATORS:
             raise ConfigError(
-                f"--env RAYTRAIN_CPU_ALLOCATOR={value}: use jemalloc (Ray's, preloaded into CPU workers on the nodes "
+                f"--env {CPU_ALLOCATOR_VAR}={value}: use jemalloc (Ray's, preloaded into CPU workers on the nodes "
                 "raytrain starts; the default) or glibc (the C library's malloc)", flag="--env")
         env[str(key)] = str(value)
     return env

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from raytrain.capacity import Node
+from raytrain.config.options import CPU_ALLOCATOR_VAR
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, RaytrainError
 from raytrain.status import JobInfo
@@ -77,7 +78,6 @@ RUNTIME_ENV_VARS = {
 #   runs the job in a thread of the worker, which allocates from a thread arena; torchrun in the main thread).
 #   Ignored where the C library is not glibc.
 # `--env RAYTRAIN_CPU_ALLOCATOR=glibc` keeps glibc's malloc; `--env GLIBC_TUNABLES=` (empty) its defaults.
-CPU_ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"
 CPU_ALLOCATOR_ENV_VARS = {
     "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=268435456:glibc.malloc.mmap_threshold=33554432"
                       ":glibc.malloc.top_pad=67108864",

@@ -148,6 +148,9 @@ def test_a_cpu_jobs_processes_start_with_rays_jemalloc_preloaded(monkeypatch, tm
     """RAYTRAIN_CPU_ALLOCATOR=jemalloc in a process's runtime env (a CPU job's, raytrain.targets.base) puts this
     node's Ray's libjemalloc.so in LD_PRELOAD before the exec, after what is preloaded already; any other value,
     or a Ray without the library, leaves LD_PRELOAD alone."""
+    from raytrain.config.options import CPU_ALLOCATOR_VAR, CPU_ALLOCATORS
+
+    assert (light.ALLOCATOR_VAR, light.JEMALLOC in CPU_ALLOCATORS) == (CPU_ALLOCATOR_VAR, True)  # spelt twice
     library = light.jemalloc_library()
     import ray
 
