@@ -190,6 +190,23 @@ def wait(
     return info
 
 
+def status(job_id: str, target: Target | None = None, storage: str | None = None) -> JobInfo:
+    """Job ``job_id`` as the cluster reports it, refined by its log; where the cluster does not know it (a
+    local cluster restarted or stopped since, a deleted RayJob), as the run's record in ``storage`` (or where
+    this machine noted it at submit time, or the default storage) tells it. Raises the cluster's
+    ClusterError where there is no record either."""
+    target = target or make_target(TargetOptions(), auto_start=False)
+    try:
+        return target.status(job_id)
+    except ClusterError as exc:
+        from raytrain import paths
+
+        folder = run_record.find(job_id, [storage, str(paths.default_storage())])
+        if folder is None:
+            raise
+        return run_record.job_info(job_id, folder, why=str(exc))
+
+
 def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15, shown: Container[str] | None = None) -> str:
     """The failing rank's last lines of output, from the run's record ("" when there is none); only where to
     find them when every one of them is in ``shown`` (the lines a follow already printed, without Ray's
@@ -217,4 +234,4 @@ def failure_message(info: JobInfo) -> str:
     return f"job {info.job_id} {info.state}: {info.message or 'no message from the cluster'}"
 
 
-__all__ = ["Options", "check_capacity", "dry_run", "plan", "submit", "submit_request", "wait"]
+__all__ = ["Options", "check_capacity", "dry_run", "plan", "status", "submit", "submit_request", "wait"]

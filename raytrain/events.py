@@ -30,6 +30,7 @@ TIMING = "timing"  # any side: a start-up phase reached (raytrain.timings), with
 DATASET = "dataset"  # driver: a --data dataset is ready (name, rows after preprocessing)
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
+STOPPED = "stopped"  # driver: SIGTERM (`jobs stop`, or its cluster stopping) ends the job
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -93,6 +94,7 @@ class JobFacts:
     datasets: dict[str, dict] = field(default_factory=dict)  # --data NAME -> its dataset event
     finished: dict | None = None
     error: dict | None = None
+    stopped: dict | None = None
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -134,6 +136,8 @@ class JobFacts:
             self.finished = event
         elif kind in (ERROR, CAPACITY, INVALID):
             self.error = event
+        elif kind == STOPPED:
+            self.stopped = event
 
     def warnings(self) -> list[str]:
         """What the job's workers could not measure: a memory sampler that failed (its peaks stop there)."""

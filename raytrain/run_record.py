@@ -4,9 +4,14 @@ the job's log holds. `jobs metrics|plot|compare` read it, falling back to the jo
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raytrain.storage import is_uri
+
+if TYPE_CHECKING:
+    from raytrain.status import JobInfo
 
 FOLDER = "raytrain"
 
@@ -34,8 +39,8 @@ def start(storage: str | None, run_name: str, who: str) -> str | None:
     return path
 
 
-def read_lines(folder: Path) -> list[str]:
-    """Every recorded event line of a run, all processes merged in time order."""
+def read_timed(folder: Path) -> list[tuple[float, str]]:
+    """Every recorded event line of a run with the time it was written, all processes merged in time order."""
     timed = []
     for path in sorted(folder.glob("events-*.log")):
         for n, line in enumerate(path.read_text(errors="replace").splitlines()):
@@ -44,7 +49,52 @@ def read_lines(folder: Path) -> list[str]:
                 timed.append((float(stamp), path.name, n, rest))
             except ValueError:
                 continue
-    return [rest for *_, rest in sorted(timed)]
+    return [(t, rest) for t, _, _, rest in sorted(timed)]
+
+
+def read_lines(folder: Path) -> list[str]:
+    """Every recorded event line of a run, all processes merged in time order."""
+    return [rest for _, rest in read_timed(folder)]
+
+
+def job_info(job_id: str, folder: Path, why: str = "") -> "JobInfo":
+    """Job ``job_id`` as its record tells it, where no cluster knows it any more (restarted, stopped, deleted):
+    the driver's last word says how it ended (finished, error, stopped); a record that ends without one
+    (the driver was killed, its machine went down) is FAILED. ``why``: what the cluster said, kept as a
+    warning with where the facts come from."""
+    from raytrain.events import JobFacts
+    from raytrain.status import JobInfo, JobState
+
+    timed = read_timed(folder)
+    facts = JobFacts.from_lines(rest for _, rest in timed)
+    started = facts.started or {}
+    first, last = (timed[0][0], timed[-1][0]) if timed else (None, None)
+    if facts.finished is not None:
+        state, message = JobState.SUCCEEDED, ""
+    elif facts.error is not None:
+        state, message = JobState.FAILED, ""
+    elif facts.stopped is not None:
+        state, message = JobState.STOPPED, f"stopped ({facts.stopped.get('signal') or 'by a signal'})"
+    else:
+        step = (facts.last_metrics or {}).get("step")
+        state = JobState.FAILED
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last)) if last else "its start"
+        message = (f"the run's record ends at {at}{f' (step {step})' if step is not None else ''} without an outcome: "
+                   "its driver was killed, or its machine or cluster went down")
+    workers = started.get("workers")
+    return JobInfo(
+        job_id=job_id,
+        name=str(started.get("name") or ""),
+        state=state,
+        target="record",
+        address=str(folder),
+        message=message,
+        start_time=first,
+        end_time=last,
+        metadata={"workers": str(workers)} if workers is not None else {},
+        facts=facts,
+        problems=[f"from the run's record in {folder}" + (f" ({why})" if why else "")],
+    )
 
 
 def _index_path(job_id: str) -> Path | None:

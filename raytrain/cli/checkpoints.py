@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from raytrain import paths
 from raytrain.checkpoints import hf_content
 from raytrain.checkpoints import store
-from raytrain.cli.common import complete_job_id, handle_errors, print_json
+from raytrain.cli.common import complete_job_id, handle_errors, print_json, print_table
 from raytrain.errors import ConfigError, RaytrainError
 
 storage_option = click.option(
@@ -58,7 +57,7 @@ def list_checkpoints(run, storage, as_json):
             f"{loss:.4f}" if isinstance(loss, (int, float)) else "",
             c.path,
         )
-    Console().print(table)
+    print_table(table)
 
 
 EXPORT_TIMEOUT_S = 3600.0  # the longest `export` waits for DeepSpeed's consolidation

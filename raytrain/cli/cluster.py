@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raytrain.cli.cluster_join import join
-from raytrain.cli.common import handle_errors, k8s_connection_options, print_json, with_options
+from raytrain.cli.common import handle_errors, k8s_connection_options, print_json, print_table, with_options
 from raytrain.clusters import local_head
 from raytrain.clusters.base import ClusterOptions
 from raytrain.clusters.factory import make_cluster
@@ -130,14 +130,14 @@ def _print_local_status(report: dict) -> None:
             f"{n['cpu_percent'] or 0:.0f}",
             workers_cell(n),
         )
-    console.print(table)
+    print_table(table, console)
     if report["workers_error"]:
         console.print(f"worker placement unavailable: {report['workers_error']}", markup=False)
     if report["jobs"]:
         jobs = Table("job", "name", "state")
         for j in report["jobs"]:
             jobs.add_row(j["id"], j["name"], j["state"])
-        console.print(jobs)
+        print_table(jobs, console)
     else:
         console.print("no running jobs")
 

@@ -70,3 +70,26 @@ def complete_job_id(ctx: click.Context, param: click.Parameter, incomplete: str)
         return []
     return [CompletionItem(p.name) for p in runs if p.is_dir() and p.name.startswith(incomplete)
             and not p.name.startswith(".")]
+
+
+def print_table(table: Any, console: Any = None) -> None:
+    """A rich Table: boxed on a terminal; in a pipe or a file the same columns aligned with spaces, no box
+    lines, never wrapped or cut (rich would fit it to 80 columns and cut ids short), so that `| grep` and
+    `| awk '{print $1}'` see whole values."""
+    from rich.console import Console
+
+    console = console or Console()
+    if console.is_terminal:
+        console.print(table)
+        return
+    table.box = None
+    table.pad_edge = False
+    table.show_edge = False
+    for column in table.columns:
+        column.no_wrap = True
+        column.overflow = "ignore"
+    wide = Console(width=10_000, no_color=True, highlight=False, color_system=None)
+    with wide.capture() as captured:
+        wide.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    console.file.flush()

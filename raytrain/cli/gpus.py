@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from raytrain.cli.common import address_option, handle_errors, print_json
+from raytrain.cli.common import address_option, handle_errors, print_json, print_table
 from raytrain.targets.factory import TargetOptions, make_target
 
 
@@ -64,4 +63,4 @@ def gpus(address, as_json):
     if count == 0:
         click.echo(f"no GPU on {where} ({len(nodes)} node(s)); CPU workers use --gpus-per-worker 0")
         return
-    Console().print(gpu_table(nodes))
+    print_table(gpu_table(nodes))

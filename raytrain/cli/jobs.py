@@ -11,7 +11,7 @@ from rich.table import Table
 
 from raytrain import events, timings
 from raytrain.cli.common import (
-    address_option, complete_job_id, handle_errors, k8s_connection_options, print_json, with_options,
+    address_option, complete_job_id, handle_errors, k8s_connection_options, print_json, print_table, with_options,
 )
 from raytrain.cli.log_filter import LogFilter, wants_color
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, describe_preflight, describe_resize
@@ -84,7 +84,7 @@ def list_jobs(address, as_json, **k8s):
             i.job_id, i.name, i.state.value, i.metadata.get("workers", ""), _when(i.start_time),
             _duration(i.start_time, i.end_time),
         )
-    Console().print(table)
+    print_table(table)
 
 
 @jobs.command()
@@ -96,8 +96,10 @@ def list_jobs(address, as_json, **k8s):
 @target_options
 @handle_errors
 def status(job_id, address, as_json, show_timings, **k8s):
-    """State, last metrics and outcome of one job."""
-    info = _target(address, k8s).status(job_id)
+    """State, last metrics and outcome of one job (from the run's record once its cluster has forgotten it)."""
+    from raytrain import api
+
+    info = api.status(job_id, _target(address, k8s))
     rows = timings.timeline(info.facts.timings if info.facts else [], info.start_time) if show_timings else None
     if as_json:
         out = info.to_dict()

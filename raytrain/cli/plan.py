@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from raytrain.cli.common import handle_errors, print_json
+from raytrain.cli.common import handle_errors, print_json, print_table
 from raytrain.errors import ConfigError
 from raytrain.planner import memory, search
 from raytrain.planner.shape import check_shape_numbers, shape_from_numbers
@@ -188,7 +188,7 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
             f"{c.relative_time:.2f}", fits,
             style="bold green" if c is chosen else (None if c.fits else "dim"),
         )
-    console.print(table)
+    print_table(table, console)
     console.print(
         "GB per GPU unless noted (1 GB = 1e9 B). model: ZeRO model states; Z3: ZeRO-3 layer working set; "
         "other: buffers + overhead; GPU: the step's peak, less than the sum where gradients and activations are "

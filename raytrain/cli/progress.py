@@ -144,8 +144,10 @@ def describe_eta(facts: events.JobFacts, width: int = 20) -> str:
 
 
 def describe_ending(event: dict) -> str:
-    """The line that says how a job ended, from its finished/error/capacity/invalid event."""
+    """The line that says how a job ended, from its finished/error/capacity/invalid/stopped event."""
     kind = event.get("event")
+    if kind == events.STOPPED:
+        return f"raytrain: stopped ({event.get('signal') or 'a signal'}: `raytrain jobs stop`, or its cluster stopping)"
     if kind == events.FINISHED:
         checkpoint = event.get("checkpoint")
         return "raytrain: training finished" + (f"; last checkpoint {checkpoint}" if checkpoint else "")
@@ -272,5 +274,5 @@ class ProgressPrinter:
                 self.console.print(f"raytrain: {line}", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.RESIZED:
             self.console.print(f"raytrain: {describe_resize(event)}", markup=False, highlight=False, soft_wrap=True)
-        elif self.endings and kind in (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID):
+        elif self.endings and kind in (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID, events.STOPPED):
             self._ending = describe_ending(event)  # said last: workers' lines can reach the log after it

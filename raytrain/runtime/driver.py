@@ -243,27 +243,32 @@ def end_trackers(plan: Plan, run_name: str, outcome: str) -> None:
                           log=lambda line: print(line, file=sys.stderr))
 
 
-def end_trackers_when_stopped(plan: Plan, run_name: str) -> None:
-    """`jobs stop` SIGTERMs this process and SIGKILLs it 3 s later (Ray's job supervisor): the handler ends
-    --track's runs as stopped within 2.5 s, then exits as Ray's own handler does. MLflow's client is made
-    ready ahead, in the background, so that a stop only has the call to make."""
+def record_when_stopped(plan: Plan, run_name: str) -> None:
+    """`jobs stop` (and a cluster that stops) SIGTERMs this process; Ray's job supervisor SIGKILLs it 3 s later.
+    The handler writes the job's last word, a ``stopped`` event (the run's record then says how the job ended
+    after its cluster is gone), ends --track's runs as stopped within 2.5 s, then exits as Ray's own handler
+    does. MLflow's client is made ready ahead, in the background, so that a stop only has the call to make."""
     import signal
     import threading
 
     from raytrain import run_record
     from raytrain.runtime import trackers
 
-    if not set(plan.track) & set(trackers.ENDERS):
-        return
+    ends_trackers = bool(set(plan.track) & set(trackers.ENDERS))
     if "mlflow" in plan.track:
         record_dir = run_record.record_dir(plan.storage, run_name)
         threading.Thread(target=trackers.warm_up, args=(record_dir,), daemon=True, name="raytrain-mlflow").start()
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_stop(signum, frame):
-        ender = threading.Thread(target=end_trackers, args=(plan, run_name, "stopped"), daemon=True)
-        ender.start()
-        ender.join(timeout=2.5)
+        try:
+            emit(events.STOPPED, signal="SIGTERM")
+        except Exception:  # noqa: BLE001 (stdout gone or mid-write: the stop itself must go on)
+            pass
+        if ends_trackers:
+            ender = threading.Thread(target=end_trackers, args=(plan, run_name, "stopped"), daemon=True)
+            ender.start()
+            ender.join(timeout=2.5)
         if callable(previous):
             previous(signum, frame)
         signal.signal(signum, signal.SIG_DFL)
@@ -374,7 +379,7 @@ def main() -> int:
     )
     timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included
     watch = watch_placement(plan)
-    end_trackers_when_stopped(plan, run_name)
+    record_when_stopped(plan, run_name)
     try:
         with prompt_poll.installed():  # the controller polls the workers when they ask, else every 2 s
             result = trainer.fit()

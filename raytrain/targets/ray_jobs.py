@@ -34,9 +34,9 @@ METADATA_KEY = "raytrain"
 
 class LastWord:
     """What a job's log tail has delivered, and whether the driver has printed its last event (finished,
-    error, capacity, invalid): after it the driver only exits."""
+    error, capacity, invalid, stopped): after it the driver only exits."""
 
-    LAST = (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID)
+    LAST = (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID, events.STOPPED)
 
     def __init__(self) -> None:
         self.text: list[str] = []

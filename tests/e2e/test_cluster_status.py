@@ -44,6 +44,8 @@ def test_status_lists_a_running_jobs_workers_per_node(cli):
             time.sleep(1)
     finally:
         assert f"{job}: stopped" in cli("jobs", "stop", job, check=True).stdout
+    # the driver's last word says so, in the job's log and in the run's record (read once the cluster is gone)
+    assert cli.facts(job).stopped == {"event": "stopped", "signal": "SIGTERM"}
 
     deadline = time.monotonic() + 60
     while workers_of(status := cli.json("cluster", "status"), job) and time.monotonic() < deadline:

@@ -254,3 +254,18 @@ def test_logs_follow_of_a_finished_job_ends(cli):
     raw = cli("jobs", "logs", job, "--follow", "-v", timeout=60)
     assert raw.returncode == 0 and '"event":"finished"' in raw.stdout
     assert cli("jobs", "status", "raytrain-no-such-job").returncode == 2
+
+
+def test_a_job_of_a_cluster_that_is_gone_is_read_from_its_record(cli):
+    """After `cluster down` (or a restart) the cluster knows no earlier job: `jobs status` reads the run's record
+    instead and says so. Last in the last e2e file: the cluster stops here instead of after the last test."""
+    done = [j["id"] for j in cli.json("jobs", "list") if j["state"] == "succeeded"]
+    job = done[0] if done else job_id_of(cli("submit", JOBS / "cnn.py", "--", "--steps", "2", check=True).stdout)
+    steps = cli.json("jobs", "status", job)["last_metrics"]["step"]
+    cli("cluster", "down", "--force", check=True, timeout=120)
+    text = cli("jobs", "status", job, check=True).stdout
+    assert "state     succeeded" in text and f"step {steps}" in text, text
+    assert "from the run's record in " in text and "the local Ray cluster is not running" in text, text
+    info = cli.json("jobs", "status", job)
+    assert (info["state"], info["target"], info["last_metrics"]["step"]) == ("succeeded", "record", steps), info
+    assert cli("jobs", "status", "raytrain-no-such-job").returncode == 2

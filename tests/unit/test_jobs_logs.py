@@ -49,3 +49,11 @@ def test_the_log_reads_as_submit_showed_it(monkeypatch):
 
 def test_verbose_is_the_log_as_it_is(monkeypatch):
     assert run(monkeypatch, "-v") == LOG
+
+
+def test_a_stopped_job_ends_with_its_stop(monkeypatch):
+    stopped = LOG.replace(format_event("finished", metrics=None, path="/runs/x", checkpoint="/runs/x/checkpoint_000001"),
+                          format_event("stopped", signal="SIGTERM"))
+    monkeypatch.setattr(RecordedLog, "logs", lambda self, job_id: stopped)
+    assert run(monkeypatch).splitlines()[-1] == (
+        "raytrain: stopped (SIGTERM: `raytrain jobs stop`, or its cluster stopping)")

@@ -152,21 +152,25 @@ def test_a_failed_run_ends_its_mlflow_run_failed_and_a_resume_appends_to_it(tmp_
     assert trackers.end_runs(p, tmp_path / "run-3" / "raytrain", "failed") == []  # rank 0 never started
 
 
-def test_a_stopped_driver_ends_the_mlflow_run_killed_then_exits_on_sigterm(tmp_path):
+def stop_driver(p, tmp_path, warm_mlflow: bool) -> str:
+    """A driver process (record_when_stopped, its events recorded in the run's folder) SIGTERMed as `jobs stop`
+    does: it exits by the signal; what it printed after "ready"."""
     import signal
     import subprocess
     import sys
 
-    p = plan(tmp_path, ["mlflow"])
-    run_attempt(p, [1, 2]).flush()
     script = (
         "import json, sys, time\n"
         "from raytrain.config.plan import Plan\n"
         "from pathlib import Path\n"
+        "from raytrain import run_record\n"
         "from raytrain.runtime import driver, trackers\n"
-        "driver.end_trackers_when_stopped(Plan.from_dict(json.loads(sys.argv[1])), 'run-1')\n"
-        "assert trackers.warm_up(Path(sys.argv[2]), timeout_s=120)\n"  # as the driver's thread does: a stop comes later
-        "print('ready', flush=True)\n"
+        "plan = Plan.from_dict(json.loads(sys.argv[1]))\n"
+        "run_record.start(plan.storage, 'run-1', 'driver')\n"
+        "driver.record_when_stopped(plan, 'run-1')\n"
+        + ("assert trackers.warm_up(Path(sys.argv[2]), timeout_s=120)\n" if warm_mlflow else "")
+        # (as the driver's thread does: a stop comes later)
+        + "print('ready', flush=True)\n"
         "time.sleep(120)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(p.to_dict()), str(tmp_path / "run-1" / "raytrain")], stdout=subprocess.PIPE,
@@ -175,9 +179,29 @@ def test_a_stopped_driver_ends_the_mlflow_run_killed_then_exits_on_sigterm(tmp_p
         assert proc.stdout.readline().strip() == "ready"  # (the test's wait; the driver's is a thread)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == -signal.SIGTERM
+        return proc.stdout.read()
     finally:
         proc.kill()
+
+
+def test_a_stopped_driver_ends_the_mlflow_run_killed_then_exits_on_sigterm(tmp_path):
+    p = plan(tmp_path, ["mlflow"])
+    run_attempt(p, [1, 2]).flush()
+    stop_driver(p, tmp_path, warm_mlflow=True)
     assert mlflow_runs(p)[0][0].info.status == "KILLED"
+
+
+def test_a_stopped_driver_says_so_in_its_log_and_the_runs_record(tmp_path):
+    """Without trackers too: the `stopped` event is the driver's last word, so the run's record says how the
+    job ended after its cluster is gone (`jobs status` reads it then)."""
+    from raytrain import events, run_record
+
+    p = plan(tmp_path, [])
+    out = stop_driver(p, tmp_path, warm_mlflow=False)
+    assert [e["event"] for e in map(events.parse_line, out.splitlines()) if e] == ["stopped"]
+    facts = events.JobFacts.from_lines(run_record.read_lines(tmp_path / "run-1" / "raytrain"))
+    assert facts.stopped == {"event": "stopped", "signal": "SIGTERM"}
+    assert facts.finished is None and facts.error is None
 
 
 def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path, monkeypatch):

@@ -1,0 +1,68 @@
+"""`jobs status ID` once no cluster knows the job any more (the local cluster was restarted or stopped since):
+the run's record says how it ended, and where the facts come from."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from raytrain import api, run_record
+from raytrain.cli.main import main
+from raytrain.errors import ClusterError
+from raytrain.events import ERROR, FINISHED, METRICS, STARTED, STOPPED, format_event
+from raytrain.status import JobState
+from raytrain.targets.factory import TargetOptions, make_target
+
+T0 = 1_790_000_000.0
+
+
+def a_run(storage, job_id, *last_words):
+    """A run's record as the driver and rank 0 write it: started, two steps, then ``last_words``."""
+    folder = storage / job_id / "raytrain"
+    folder.mkdir(parents=True)
+    (folder / "events-driver.log").write_text(
+        f"{T0} " + format_event(STARTED, name="gpt", workers=2, zero=3) + "\n"
+        + "".join(f"{T0 + 30 + i} " + format_event(kind, **data) + "\n" for i, (kind, data) in enumerate(last_words))
+    )
+    (folder / "events-rank-0.log").write_text(
+        f"{T0 + 10} " + format_event(METRICS, step=1, loss=2.5) + "\n"
+        + f"{T0 + 20} " + format_event(METRICS, step=2, loss=2.0) + "\n"
+    )
+    return folder
+
+
+@pytest.mark.parametrize("last_words, state, message", [
+    ([(FINISHED, {"metrics": {"loss": 2.0}})], JobState.SUCCEEDED, ""),
+    ([(ERROR, {"type": "RuntimeError", "rank": 1, "message": "boom"})], JobState.FAILED, ""),
+    ([(STOPPED, {"signal": "SIGTERM"})], JobState.STOPPED, "stopped (SIGTERM)"),
+    ([], JobState.FAILED, "(step 2) without an outcome: its driver was killed, or its machine or cluster went down"),
+])
+def test_the_record_says_how_the_job_ended(tmp_path, last_words, state, message):
+    folder = a_run(tmp_path, "raytrain-gpt-1", *last_words)
+    info = run_record.job_info("raytrain-gpt-1", folder, why="no job 'raytrain-gpt-1' on http://127.0.0.1:8265")
+    assert info.state is state
+    assert message in info.message if message else info.message == ""
+    assert (info.name, info.target, info.address, info.metadata) == ("gpt", "record", str(folder), {"workers": "2"})
+    assert info.start_time == T0 and info.end_time == T0 + (30 if last_words else 20)
+    assert info.facts.last_metrics["step"] == 2 and info.facts.losses == [2.5, 2.0]
+    assert info.warnings() == [f"from the run's record in {folder} (no job 'raytrain-gpt-1' on http://127.0.0.1:8265)"]
+
+
+def test_status_falls_back_to_the_record_only_where_the_cluster_does_not_know_the_job(raytrain_home):
+    target = make_target(TargetOptions(), auto_start=False)  # no local cluster runs here
+    with pytest.raises(ClusterError, match="not running"):
+        api.status("raytrain-gpt-1", target)  # and no record either: the cluster's error stands
+    a_run(raytrain_home / "runs", "raytrain-gpt-1", (STOPPED, {"signal": "SIGTERM"}))
+    info = api.status("raytrain-gpt-1", target)
+    assert info.state is JobState.STOPPED and "not running" in info.warnings()[0]
+
+
+def test_jobs_status_shows_a_job_of_a_cluster_that_is_gone(raytrain_home):
+    folder = a_run(raytrain_home / "runs", "raytrain-gpt-1", (FINISHED, {"metrics": {"loss": 2.0}}))
+    out = CliRunner().invoke(main, ["jobs", "status", "raytrain-gpt-1"])
+    assert out.exit_code == 0, out.output
+    assert "state     succeeded" in out.output and "step 2" in out.output and "loss 2.0000" in out.output
+    assert f"warning   from the run's record in {folder} (the local Ray cluster is not running" in out.output
+    as_json = json.loads(CliRunner().invoke(main, ["jobs", "status", "raytrain-gpt-1", "--json"]).output)
+    assert as_json["state"] == "succeeded" and as_json["target"] == "record" and as_json["final"] is not None
+    missing = CliRunner().invoke(main, ["jobs", "status", "raytrain-gpt-2"])
+    assert missing.exit_code == 2 and "not running" in missing.output

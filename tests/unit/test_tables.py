@@ -1,0 +1,36 @@
+"""Tables (`jobs list`, `checkpoints list`, `gpus`, `cluster status`, `plan`) in a pipe: whole values, one row a
+line, no box lines; on a terminal rich's boxed table."""
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from raytrain.cli.common import print_table
+
+LONG_ID = "raytrain-gpt-zero-with-a-long-name-20261205-134849-28ec29"
+
+
+def a_table():
+    table = Table("id", "name", "state", "workers", "started", "duration")
+    table.add_row(LONG_ID, "gpt-zero-with-a-long-name", "succeeded", "2", "2026-12-05 13:48:49", "0:00:09")
+    table.add_row("raytrain-cnn-20261205-134812-7bab39", "cnn", "failed", "4", "2026-12-05 13:48:12", "1:02:03")
+    return table
+
+
+def test_in_a_pipe_every_value_is_whole_and_a_row_is_a_line():
+    out = io.StringIO()
+    print_table(a_table(), Console(file=out, width=80))  # not a terminal, 80 columns as in a pipe
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].split() == ["id", "name", "state", "workers", "started", "duration"]
+    assert lines[1].split() == [LONG_ID, "gpt-zero-with-a-long-name", "succeeded", "2", "2026-12-05", "13:48:49", "0:00:09"]
+    assert lines[2].split()[0] == "raytrain-cnn-20261205-134812-7bab39"
+    assert lines[1].index("succeeded") == lines[2].index("failed")  # columns stay aligned
+    text = "\n".join(lines)
+    assert not any(c in text for c in "│┃━─…\x1b") and all(line == line.rstrip() for line in lines)
+
+
+def test_on_a_terminal_the_table_is_boxed():
+    out = io.StringIO()
+    print_table(a_table(), Console(file=out, force_terminal=True, width=200))
+    assert "┃" in out.getvalue() and LONG_ID in out.getvalue()
