@@ -5,11 +5,10 @@ import sys
 from typing import Any, Callable
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from raytrain.cli.cluster_join import join
-from raytrain.cli.common import handle_errors, k8s_connection_options, print_json, print_table, with_options
+from raytrain.cli.common import handle_errors, k8s_connection_options, output_console, print_json, print_table, with_options
 from raytrain.clusters import local_head
 from raytrain.clusters.base import ClusterOptions
 from raytrain.clusters.factory import make_cluster
@@ -115,7 +114,7 @@ def _print_local_status(report: dict) -> None:
     if not report["running"]:
         click.echo("no local Ray cluster is running (start one: raytrain cluster up)")
         return
-    console = Console()
+    console = output_console()
     console.print(f"local Ray cluster: dashboard {report['dashboard']}, GCS {report['gcs_address']}")
     table = Table("node", "id", "ip", "head", "CPUs", "GPUs", "memory (GiB avail/total)", "CPU %", "Train workers")
     for n in report["nodes"]:

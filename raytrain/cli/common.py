@@ -85,11 +85,22 @@ def print_table(table: Any, console: Any = None) -> None:
     table.box = None
     table.pad_edge = False
     table.show_edge = False
+    table.padding = (0, 1)  # a table drawn with no padding (its box's lines kept the columns apart)
     for column in table.columns:
-        column.no_wrap = True
-        column.overflow = "ignore"
+        column.no_wrap = True  # (the console is wide enough that nothing is cut)
     wide = Console(width=10_000, no_color=True, highlight=False, color_system=None)
     with wide.capture() as captured:
         wide.print(table)
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     console.file.flush()
+
+
+def output_console() -> Any:
+    """rich's Console for a command's text: on a terminal rich wraps lines at its width; in a pipe or a file
+    it never wraps (rich would break every line at 80 columns)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console.soft_wrap = True
+    return console

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import click
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from raytrain.cli.common import handle_errors, print_json, print_table
+from raytrain.cli.common import handle_errors, output_console, print_json, print_table
 from raytrain.errors import ConfigError
 from raytrain.planner import memory, search
 from raytrain.planner.shape import check_shape_numbers, shape_from_numbers
@@ -146,7 +145,7 @@ def _describe(c: search.Candidate) -> str:
 
 
 def _print_table(p: search.MemoryFit, show_all: bool) -> None:
-    console = Console()
+    console = output_console()
     s, hw = p.shape, p.hardware
     dims = [f"{human_count(s.params)} params"]
     for label, value in (("layers", s.layers), ("hidden", s.hidden), ("heads", s.heads), ("vocab", s.vocab)):

@@ -34,3 +34,23 @@ def test_on_a_terminal_the_table_is_boxed():
     out = io.StringIO()
     print_table(a_table(), Console(file=out, force_terminal=True, width=200))
     assert "┃" in out.getvalue() and LONG_ID in out.getvalue()
+
+
+def test_a_table_drawn_without_padding_keeps_its_columns_apart_and_their_justification():
+    from rich import box
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), show_edge=False)  # as `raytrain plan` draws
+    table.add_column("ZeRO", justify="right")
+    table.add_column("fits")
+    table.add_row("0", "no")
+    table.add_row("12", "CHOSEN")
+    out = io.StringIO()
+    print_table(table, Console(file=out))
+    assert out.getvalue().splitlines() == ["ZeRO  fits", "   0  no", "  12  CHOSEN"]
+
+
+def test_text_in_a_pipe_is_never_wrapped(monkeypatch):
+    from raytrain.cli.common import output_console
+
+    console = output_console()  # stdout is pytest's capture here: not a terminal
+    assert not console.is_terminal and console.soft_wrap
