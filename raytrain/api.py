@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Container
 
 from raytrain import run_record
@@ -199,12 +200,31 @@ def status(job_id: str, target: Target | None = None, storage: str | None = None
     try:
         return target.status(job_id)
     except ClusterError as exc:
-        from raytrain import paths
-
-        folder = run_record.find(job_id, [storage, str(paths.default_storage())])
+        folder = record_of(job_id, storage)
         if folder is None:
             raise
         return run_record.job_info(job_id, folder, why=str(exc))
+
+
+def record_of(job_id: str, storage: str | None = None) -> Path | None:
+    """The folder of run ``job_id``'s record: in ``storage``, where this machine noted it at submit time, or
+    in the default storage; None where there is none."""
+    from raytrain import paths
+
+    return run_record.find(job_id, [storage, str(paths.default_storage())])
+
+
+def jobs(target: Target | None = None) -> list[JobInfo]:
+    """Every raytrain job on the cluster, newest first. For the local cluster (whose runs are recorded in this
+    machine's default storage) also the runs it no longer knows, as their records tell them: the jobs of
+    earlier cluster instances, and all of them while it is stopped."""
+    target = target or make_target(TargetOptions(), auto_start=False)
+    infos = target.list() if target.running() else []
+    if target.storage_is_local:
+        known = {i.job_id for i in infos}
+        infos += [run_record.job_info(name, folder, steps=False)
+                  for name, folder in run_record.runs_in(target.default_storage()) if name not in known]
+    return sorted(infos, key=lambda i: i.start_time or 0, reverse=True)
 
 
 def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15, shown: Container[str] | None = None) -> str:
@@ -234,4 +254,4 @@ def failure_message(info: JobInfo) -> str:
     return f"job {info.job_id} {info.state}: {info.message or 'no message from the cluster'}"
 
 
-__all__ = ["Options", "check_capacity", "dry_run", "plan", "status", "submit", "submit_request", "wait"]
+__all__ = ["Options", "check_capacity", "dry_run", "jobs", "plan", "record_of", "status", "submit", "submit_request", "wait"]

@@ -39,10 +39,11 @@ def start(storage: str | None, run_name: str, who: str) -> str | None:
     return path
 
 
-def read_timed(folder: Path) -> list[tuple[float, str]]:
-    """Every recorded event line of a run with the time it was written, all processes merged in time order."""
+def read_timed(folder: Path, who: str = "*") -> list[tuple[float, str]]:
+    """Every recorded event line of a run (``who``: of one process, e.g. "driver") with the time it was
+    written, all processes merged in time order."""
     timed = []
-    for path in sorted(folder.glob("events-*.log")):
+    for path in sorted(folder.glob(f"events-{who}.log")):
         for n, line in enumerate(path.read_text(errors="replace").splitlines()):
             stamp, _, rest = line.partition(" ")
             try:
@@ -57,15 +58,16 @@ def read_lines(folder: Path) -> list[str]:
     return [rest for _, rest in read_timed(folder)]
 
 
-def job_info(job_id: str, folder: Path, why: str = "") -> "JobInfo":
+def job_info(job_id: str, folder: Path, why: str = "", *, steps: bool = True) -> "JobInfo":
     """Job ``job_id`` as its record tells it, where no cluster knows it any more (restarted, stopped, deleted):
     the driver's last word says how it ended (finished, error, stopped); a record that ends without one
     (the driver was killed, its machine went down) is FAILED. ``why``: what the cluster said, kept as a
-    warning with where the facts come from."""
+    warning with where the facts come from. ``steps=False`` reads the driver's events only (state, name,
+    workers, times; no metrics): a list of many long runs stays quick."""
     from raytrain.events import JobFacts
     from raytrain.status import JobInfo, JobState
 
-    timed = read_timed(folder)
+    timed = read_timed(folder, "*" if steps else "driver")
     facts = JobFacts.from_lines(rest for _, rest in timed)
     started = facts.started or {}
     first, last = (timed[0][0], timed[-1][0]) if timed else (None, None)
@@ -95,6 +97,19 @@ def job_info(job_id: str, folder: Path, why: str = "") -> "JobInfo":
         facts=facts,
         problems=[f"from the run's record in {folder}" + (f" ({why})" if why else "")],
     )
+
+
+def runs_in(storage: str | None) -> list[tuple[str, Path]]:
+    """(run name, record folder) of every run recorded in ``storage`` (a path; none for a URI or None)."""
+    if not storage or is_uri(storage):
+        return []
+    root = Path(storage).expanduser()
+    try:
+        children = sorted(root.iterdir())
+    except OSError:
+        return []
+    return [(child.name, child / FOLDER) for child in children
+            if not child.name.startswith(".") and (child / FOLDER / "events-driver.log").is_file()]
 
 
 def _index_path(job_id: str) -> Path | None:

@@ -15,7 +15,7 @@ from raytrain.cli.common import (
 )
 from raytrain.cli.log_filter import LogFilter, wants_color
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, describe_preflight, describe_resize
-from raytrain.errors import ConfigError
+from raytrain.errors import ClusterError, ConfigError
 from raytrain.targets.base import Target
 from raytrain.targets.factory import TargetOptions, make_target
 
@@ -69,9 +69,11 @@ def jobs():
 @target_options
 @handle_errors
 def list_jobs(address, as_json, **k8s):
-    """Every raytrain job on the cluster, newest first (--k8s: RayJobs)."""
-    target = _target(address, k8s)
-    infos = target.list() if target.running() else []
+    """Every raytrain job on the cluster, newest first (--k8s: RayJobs); for the local cluster also the runs
+    recorded on this machine that it no longer knows (earlier cluster instances)."""
+    from raytrain import api
+
+    infos = api.jobs(_target(address, k8s))
     if as_json:
         print_json([i.to_dict() for i in infos])
         return
@@ -165,14 +167,31 @@ def logs(job_id, address, follow, verbose, ranks, node, storage, **k8s):
             sys.stdout.write("\n".join(out) + "\n")
             sys.stdout.flush()
 
-    printer = None if verbose else ProgressPrinter(Console(), live=False, endings=True)
-    try:
+    started = [False]
+
+    def show(feed) -> None:
+        printer = None if verbose else ProgressPrinter(Console(), live=False, endings=True)
         with printer or contextlib.nullcontext():  # on leaving: its last line, and how the job ended
             on_text = printer.on_text if printer else write
-            if follow:
-                target.follow(job_id, on_text)
-            else:
-                on_text(target.logs(job_id))
+
+            def on_text_seen(text: str) -> None:
+                started[0] = True
+                on_text(text)
+
+            feed(on_text_seen)
+
+    try:
+        try:
+            show(lambda on_text: target.follow(job_id, on_text) if follow else on_text(target.logs(job_id)))
+        except ClusterError as exc:  # a job its cluster no longer knows: its record's events, if it has one
+            from raytrain import api, run_record
+
+            folder = None if started[0] else api.record_of(job_id)
+            if folder is None:
+                raise
+            click.echo(f"raytrain: the run's record in {folder} ({exc}): its events; each rank's output: "
+                       f"raytrain jobs logs {job_id} --rank N", err=True)
+            show(lambda on_text: on_text("".join(line + "\n" for line in run_record.read_lines(folder))))
     except KeyboardInterrupt:
         sys.exit(130)
     if partial[0]:

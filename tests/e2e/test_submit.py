@@ -72,7 +72,8 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
 
     listed = cli.json("jobs", "list")
     mine = [j for j in listed if j["id"] == job]
-    assert mine and mine[0]["state"] == "succeeded" and mine[0]["name"] == "cnn"
+    assert len(mine) == 1 and mine[0]["state"] == "succeeded" and mine[0]["name"] == "cnn"  # its record not twice
+    assert mine[0]["target"] == "local"
     assert "succeeded" in cli("jobs", "list").stdout
 
     info = cli.json("jobs", "status", job)
@@ -268,4 +269,10 @@ def test_a_job_of_a_cluster_that_is_gone_is_read_from_its_record(cli):
     assert "from the run's record in " in text and "the local Ray cluster is not running" in text, text
     info = cli.json("jobs", "status", job)
     assert (info["state"], info["target"], info["last_metrics"]["step"]) == ("succeeded", "record", steps), info
+    # `jobs list` shows it (and every run recorded here) while the cluster is stopped; `jobs logs` its events
+    listed = {j["id"]: j for j in cli.json("jobs", "list")}
+    assert (listed[job]["state"], listed[job]["target"]) == ("succeeded", "record"), listed
+    logs = cli("jobs", "logs", job, check=True)
+    assert logs.stdout.rstrip().endswith("raytrain: training finished") and f"step {steps}" in logs.stdout, logs.stdout
+    assert "the run's record in " in logs.stderr, logs.stderr
     assert cli("jobs", "status", "raytrain-no-such-job").returncode == 2

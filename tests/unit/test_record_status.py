@@ -20,7 +20,7 @@ def a_run(storage, job_id, *last_words):
     folder = storage / job_id / "raytrain"
     folder.mkdir(parents=True)
     (folder / "events-driver.log").write_text(
-        f"{T0} " + format_event(STARTED, name="gpt", workers=2, zero=3) + "\n"
+        f"{T0} " + format_event(STARTED, name="gpt", workers=2, zero=3, precision="bf16", train_batch=8) + "\n"
         + "".join(f"{T0 + 30 + i} " + format_event(kind, **data) + "\n" for i, (kind, data) in enumerate(last_words))
     )
     (folder / "events-rank-0.log").write_text(
@@ -65,4 +65,42 @@ def test_jobs_status_shows_a_job_of_a_cluster_that_is_gone(raytrain_home):
     as_json = json.loads(CliRunner().invoke(main, ["jobs", "status", "raytrain-gpt-1", "--json"]).output)
     assert as_json["state"] == "succeeded" and as_json["target"] == "record" and as_json["final"] is not None
     missing = CliRunner().invoke(main, ["jobs", "status", "raytrain-gpt-2"])
+    assert missing.exit_code == 2 and "not running" in missing.output
+
+
+def test_jobs_list_shows_the_runs_recorded_here_while_the_local_cluster_is_stopped(raytrain_home):
+    runs = raytrain_home / "runs"
+    a_run(runs, "raytrain-gpt-1", (FINISHED, {"metrics": {"loss": 2.0}}))
+    newer = a_run(runs, "raytrain-gpt-2", (STOPPED, {"signal": "SIGTERM"}))
+    for path in newer.glob("events-*.log"):  # started an hour later
+        path.write_text("".join(f"{float(line.split(' ', 1)[0]) + 3600} {line.split(' ', 1)[1]}\n"
+                                for line in path.read_text().splitlines()))
+    (runs / "not-a-run").mkdir()  # a folder without a record, and a run without the driver's events: left out
+    (runs / "raytrain-gpt-3" / "raytrain").mkdir(parents=True)
+    (runs / "raytrain-gpt-3" / "raytrain" / "events-rank-0.log").write_text(f"{T0} " + format_event(METRICS, step=1) + "\n")
+    infos = api.jobs(make_target(TargetOptions(), auto_start=False))
+    assert [(i.job_id, i.state, i.target) for i in infos] == [
+        ("raytrain-gpt-2", JobState.STOPPED, "record"), ("raytrain-gpt-1", JobState.SUCCEEDED, "record")]
+    assert infos[1].facts.metrics == []  # a list reads the driver's events only: a long run's steps are not read
+    out = CliRunner().invoke(main, ["jobs", "list"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert [line.split()[:4] for line in lines] == [["id", "name", "state", "workers"],
+                                                   ["raytrain-gpt-2", "gpt", "stopped", "2"],
+                                                   ["raytrain-gpt-1", "gpt", "succeeded", "2"]]
+
+
+def test_jobs_logs_of_a_job_no_cluster_knows_shows_its_recorded_events(raytrain_home):
+    folder = a_run(raytrain_home / "runs", "raytrain-gpt-1", (FINISHED, {"metrics": {"loss": 2.0}}))
+    out = CliRunner().invoke(main, ["jobs", "logs", "raytrain-gpt-1"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0] == "raytrain: training gpt on 2 worker(s), ZeRO-3, bf16, global batch 8"
+    assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == ["step 1", "step 2"]
+    assert lines[-1] == "raytrain: training finished"
+    assert f"raytrain: the run's record in {folder} (the local Ray cluster is not running" in out.stderr
+    assert "--rank N" in out.stderr
+    raw = CliRunner().invoke(main, ["jobs", "logs", "raytrain-gpt-1", "-v"])
+    assert raw.exit_code == 0 and raw.stdout.count("@@raytrain ") == 4, raw.stdout
+    missing = CliRunner().invoke(main, ["jobs", "logs", "raytrain-gpt-2"])
     assert missing.exit_code == 2 and "not running" in missing.output
