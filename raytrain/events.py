@@ -46,6 +46,11 @@ def record_to(path: str | None) -> None:
     _record = path
 
 
+def recording() -> str | None:
+    """The file this process appends its events to (``record_to``), if any."""
+    return _record
+
+
 def emit(kind: str, **data: Any) -> None:
     """Write one event line to stdout. ``sys.stdout.write``, not ``print``: Ray Train v2 patches print."""
     import sys

@@ -39,6 +39,24 @@ def start(storage: str | None, run_name: str, who: str) -> str | None:
     return path
 
 
+def start_from_env(who: str) -> str | None:
+    """``start`` in a process of the job that is handed no plan, e.g. Ray Train's controller ("controller":
+    the preflight, its timings, restarts): the run's storage and name come from the job's environment
+    (``RAYTRAIN_PLAN``, ``RAYTRAIN_RUN_NAME``), which every actor of the job inherits. None where they are
+    not there or the storage keeps no record; once per process."""
+    from raytrain import events
+
+    if events.recording():
+        return events.recording()
+    try:
+        import json
+
+        plan = json.loads(os.environ["RAYTRAIN_PLAN"])
+        return start(plan.get("storage"), os.environ.get("RAYTRAIN_RUN_NAME") or plan.get("name", ""), who)
+    except (KeyError, ValueError, AttributeError):
+        return None
+
+
 def read_timed(folder: Path, who: str = "*") -> list[tuple[float, str]]:
     """Every recorded event line of a run (``who``: of one process, e.g. "driver") with the time it was
     written, all processes merged in time order."""

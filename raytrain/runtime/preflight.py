@@ -273,10 +273,11 @@ def torch_config(*, timeout_s: float, interface: str | None) -> Any:
     from ray.train.torch import TorchConfig
     from ray.train.torch.config import _TorchBackend
 
-    from raytrain import events, timings
+    from raytrain import events, run_record, timings
 
     class _PreflightBackend(_TorchBackend):
         def on_start(self, worker_group, backend_config):
+            run_record.start_from_env("controller")  # the preflight and restarts in the run's record too
             timings.emit("workers_started")
             summary = run(worker_group, backend_config.interface)
             events.emit(events.PREFLIGHT, **summary)

@@ -66,13 +66,14 @@ def make_config(*, timeout_s: float, interface: str | None) -> Any:
     from ray.train.backend import Backend, BackendConfig
     from ray.train.v2._internal.util import TrainingFramework
 
-    from raytrain import events, timings
+    from raytrain import events, run_record, timings
     from raytrain.runtime import preflight
 
     class LazyTorchBackend(Backend):
         share_cuda_visible_devices = True
 
         def on_start(self, worker_group, backend_config):
+            run_record.start_from_env("controller")  # the preflight and restarts in the run's record too
             timings.emit("workers_started")
             summary = preflight.run(worker_group, backend_config.interface)
             events.emit(events.PREFLIGHT, **summary)

@@ -267,6 +267,8 @@ def test_a_job_of_a_cluster_that_is_gone_is_read_from_its_record(cli):
     text = cli("jobs", "status", job, check=True).stdout
     assert "state     succeeded" in text and f"step {steps}" in text, text
     assert "from the run's record in " in text and "the local Ray cluster is not running" in text, text
+    # where its workers ran: Ray Train's controller recorded the preflight too
+    assert re.search(r"^workers\s+preflight ok .*\d+ worker\(s\) on 1 node\(s\)", text, re.M), text
     info = cli.json("jobs", "status", job)
     assert (info["state"], info["target"], info["last_metrics"]["step"]) == ("succeeded", "record", steps), info
     # `jobs list` shows it (and every run recorded here) while the cluster is stopped; `jobs logs` its events

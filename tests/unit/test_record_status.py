@@ -104,3 +104,24 @@ def test_jobs_logs_of_a_job_no_cluster_knows_shows_its_recorded_events(raytrain_
     assert raw.exit_code == 0 and raw.stdout.count("@@raytrain ") == 4, raw.stdout
     missing = CliRunner().invoke(main, ["jobs", "logs", "raytrain-gpt-2"])
     assert missing.exit_code == 2 and "not running" in missing.output
+
+
+def test_ray_trains_controller_records_its_events_from_the_jobs_environment(tmp_path, monkeypatch):
+    """The controller is handed no plan: it finds the run's record from the job's environment, so the
+    preflight, its timings and restarts are in the record (`jobs status` shows them once the cluster is gone)."""
+    from raytrain import events
+
+    monkeypatch.setattr(events, "_record", None)
+    monkeypatch.delenv("RAYTRAIN_PLAN", raising=False)
+    assert run_record.start_from_env("controller") is None and events.recording() is None
+    monkeypatch.setenv("RAYTRAIN_PLAN", json.dumps({"name": "gpt", "storage": str(tmp_path)}))
+    monkeypatch.setenv("RAYTRAIN_RUN_NAME", "raytrain-gpt-1")
+    path = run_record.start_from_env("controller")
+    assert path == str(tmp_path / "raytrain-gpt-1" / "raytrain" / "events-controller.log")
+    assert run_record.start_from_env("controller") == path  # once per process (each worker-group start asks)
+    events.emit(events.PREFLIGHT, workers=[{"rank": 0}])
+    facts = events.JobFacts.from_lines(run_record.read_lines(tmp_path / "raytrain-gpt-1" / "raytrain"))
+    assert facts.preflight == {"event": "preflight", "workers": [{"rank": 0}]}
+    monkeypatch.setattr(events, "_record", None)
+    monkeypatch.setenv("RAYTRAIN_PLAN", json.dumps({"name": "gpt", "storage": "s3://bucket/runs"}))
+    assert run_record.start_from_env("controller") is None  # a URI keeps no record
