@@ -66,14 +66,15 @@ def jobs():
 @jobs.command("list")
 @address_option
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--last", "last", type=click.IntRange(min=1), metavar="N", help="Only the newest N jobs.")
 @target_options
 @handle_errors
-def list_jobs(address, as_json, **k8s):
+def list_jobs(address, as_json, last, **k8s):
     """Every raytrain job on the cluster, newest first (--k8s: RayJobs); for the local cluster also the runs
     recorded on this machine that it no longer knows (earlier cluster instances)."""
     from raytrain import api
 
-    infos = api.jobs(_target(address, k8s))
+    infos = api.jobs(_target(address, k8s))[:last]
     if as_json:
         print_json([i.to_dict() for i in infos])
         return

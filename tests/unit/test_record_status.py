@@ -88,6 +88,9 @@ def test_jobs_list_shows_the_runs_recorded_here_while_the_local_cluster_is_stopp
     assert [line.split()[:4] for line in lines] == [["id", "name", "state", "workers"],
                                                    ["raytrain-gpt-2", "gpt", "stopped", "2"],
                                                    ["raytrain-gpt-1", "gpt", "succeeded", "2"]]
+    newest = CliRunner().invoke(main, ["jobs", "list", "--last", "1", "--json"])
+    assert newest.exit_code == 0 and [j["id"] for j in json.loads(newest.output)] == ["raytrain-gpt-2"]
+    assert CliRunner().invoke(main, ["jobs", "list", "--last", "0"]).exit_code == 2
 
 
 def test_jobs_logs_of_a_job_no_cluster_knows_shows_its_recorded_events(raytrain_home):
