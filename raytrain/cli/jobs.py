@@ -200,9 +200,9 @@ def logs(job_id, address, follow, verbose, ranks, node, storage, **k8s):
 
 
 def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | None, verbose: bool) -> None:
-    from raytrain import paths, run_record
+    from raytrain import api, paths, run_record
 
-    folder = run_record.find(job_id, [storage, str(paths.default_storage())])
+    folder = api.record_of(job_id, storage)
     found = run_record.rank_logs(folder) if folder is not None else {}
     if not found:
         raise ConfigError(f"{job_id}: no per-rank logs in {storage or paths.default_storage()} (give the run's "

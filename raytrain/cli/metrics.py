@@ -18,7 +18,9 @@ storage_option = click.option(
 
 def load_run(job_id: str, storage: str | None, address: str | None, k8s: dict) -> RunMetrics:
     """The run's metrics: from its record in storage, else from the job's log on a running cluster."""
-    folder = run_record.find(job_id, [storage, str(paths.default_storage())])
+    from raytrain import api
+
+    folder = api.record_of(job_id, storage)
     if folder is not None:
         return from_lines(job_id, run_record.read_lines(folder))
     target = _target(address, k8s)
