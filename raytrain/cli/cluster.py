@@ -116,7 +116,7 @@ def _print_local_status(report: dict) -> None:
         return
     console = output_console()
     console.print(f"local Ray cluster: dashboard {report['dashboard']}, GCS {report['gcs_address']}")
-    table = Table("node", "id", "ip", "head", "CPUs", "GPUs", "memory (GiB avail/total)", "CPU %", "Train workers")
+    table = Table("node", "id", "ip", "head", "CPUs", "GPUs", "memory GiB(avail/total)", "CPU%", "Train workers")
     for n in report["nodes"]:
         table.add_row(
             n["hostname"] or "",

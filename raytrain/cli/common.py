@@ -74,8 +74,9 @@ def complete_job_id(ctx: click.Context, param: click.Parameter, incomplete: str)
 
 def print_table(table: Any, console: Any = None) -> None:
     """A rich Table: boxed on a terminal; in a pipe or a file the same columns aligned with spaces, no box
-    lines, never wrapped or cut (rich would fit it to 80 columns and cut ids short), so that `| grep` and
-    `| awk '{print $1}'` see whole values."""
+    lines, never wrapped or cut (rich would fit it to 80 columns and cut ids short), one line per row (a cell's
+    lines joined with ","), ``-`` for an empty cell and no space in a heading, so that `| grep` and
+    `| awk '{print $3}'` see whole values, each in the same field on every line."""
     from rich.console import Console
 
     console = console or Console()
@@ -88,11 +89,21 @@ def print_table(table: Any, console: Any = None) -> None:
     table.padding = (0, 1)  # a table drawn with no padding (its box's lines kept the columns apart)
     for column in table.columns:
         column.no_wrap = True  # (the console is wide enough that nothing is cut)
+        if isinstance(column.header, str):
+            column.header = column.header.replace(" ", "_")
+        column._cells = [_one_field(cell) for cell in column._cells]  # (rich keeps a column's cells here)
     wide = Console(width=10_000, no_color=True, highlight=False, color_system=None)
     with wide.capture() as captured:
         wide.print(table)
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
     console.file.flush()
+
+
+def _one_field(cell: Any) -> Any:
+    if not isinstance(cell, str):
+        return cell  # (rich renderables other than text: as they are)
+    cell = ",".join(line.strip() for line in cell.splitlines() if line.strip())
+    return cell or "-"
 
 
 def output_console() -> Any:

@@ -54,3 +54,23 @@ def test_text_in_a_pipe_is_never_wrapped(monkeypatch):
 
     console = output_console()  # stdout is pytest's capture here: not a terminal
     assert not console.is_terminal and console.soft_wrap
+
+
+def test_in_a_pipe_each_value_keeps_its_field_on_every_line():
+    """An empty cell, a cell of several lines and a heading with spaces (as `cluster status` has them) would
+    shift `awk`'s fields or split a row over lines: '-', the lines joined with ',', '_' for the spaces."""
+    table = Table("node", "head", "memory (GiB avail/total)", "Train workers")
+    table.add_row("vm", "yes", "22.9/23.5", "raytrain-gpt-1 x2\nraytrain-cnn-2 x1")
+    table.add_row("vm2", "", "3.1/4.0", "-")
+    out = io.StringIO()
+    print_table(table, Console(file=out, width=80))
+    assert [line.split() for line in out.getvalue().splitlines()] == [
+        ["node", "head", "memory_(GiB_avail/total)", "Train_workers"],
+        ["vm", "yes", "22.9/23.5", "raytrain-gpt-1", "x2,raytrain-cnn-2", "x1"],
+        ["vm2", "-", "3.1/4.0", "-"],
+    ]
+    terminal = io.StringIO()
+    table = Table("memory (GiB avail/total)")
+    table.add_row("")
+    print_table(table, Console(file=terminal, force_terminal=True, width=200))
+    assert "memory (GiB avail/total)" in terminal.getvalue()  # on a terminal, as drawn
