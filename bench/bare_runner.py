@@ -110,6 +110,13 @@ def main(argv: list[str]) -> int:
         print(f"bare_runner: the plan is for {plan.scaling.num_workers} workers, torchrun started {world}",
               file=sys.stderr)
         return 2
+    ray_address = os.environ.get("RAYTRAIN_BARE_RAY")
+    if ray_address:  # overhead.py --bare-ray: a Ray core worker in this process too, idle (nothing uses it)
+        import ray
+
+        ray.init(address=ray_address, _node_ip_address=ray_address.rsplit(":", 1)[0], log_to_driver=False,
+                 logging_level="ERROR", configure_logging=False)
+        print(f"bare_runner: rank {os.environ.get('RANK', 0)} is a Ray driver of {ray_address}", flush=True)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=10))
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     ctx = BareContext(plan, rank=rank, local_rank=local_rank, world_size=world, monitor_interval=interval)

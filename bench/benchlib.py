@@ -264,6 +264,22 @@ def jemalloc_preload() -> dict[str, str]:
     return {"LD_PRELOAD": library}
 
 
+def ray_driver_env(env: dict[str, str]) -> dict[str, str]:
+    """For B's processes: connect each to the running local cluster (of ``env``) as a Ray driver before training
+    (bench/bare_runner.py reads ``RAYTRAIN_BARE_RAY``), so that B carries what a Ray core worker costs inside a
+    training process (its C++ threads, the object store mapped) and A/B is then raytrain's cost beyond Ray's."""
+    from raytrain.clusters import local_head
+
+    status = json.loads(run_cli("cluster", "status", "--json", env=env, timeout=120).stdout)
+    if not status.get("running"):
+        raise SystemExit("bench: --bare-ray needs the local cluster running")
+    out = {"RAYTRAIN_BARE_RAY": status["gcs_address"], "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": status["token_path"], "RAY_USAGE_STATS_ENABLED": "0"}
+    if status["gcs_address"].startswith(local_head.LOOPBACK + ":"):
+        out.update(local_head.SINGLE_MACHINE_ENV)  # as the cluster's own processes: stay on 127.0.0.1
+    return out
+
+
 def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int, warmup: int,
              timeout: float = 900, nice: int = 0, extra_env: dict[str, str] | None = None) -> Run:
     """B: torchrun with the plan's number of processes, each running bench/bare_runner.py on the same plan.
@@ -273,6 +289,8 @@ def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int,
     run.extra["nice"] = nice
     b_env = {**bare_env(env), **(extra_env or {})}
     run.allocator = "jemalloc" if "libjemalloc" in b_env.get("LD_PRELOAD", "") else "default"
+    if b_env.get("RAYTRAIN_BARE_RAY"):
+        run.allocator += " + Ray driver"  # overhead.py --bare-ray: shown beside the allocator in the table
     nproc = int(plan["scaling"]["num_workers"])
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-plan-", delete=False) as f:
         json.dump(plan, f)
@@ -293,6 +311,8 @@ def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int,
         os.unlink(plan_path)
     run.wall_s = round(time.time() - t0, 3)
     fill_from_facts(run, JobFacts.from_lines(proc.stdout.splitlines()), t0, warmup, cpu)
+    if b_env.get("RAYTRAIN_BARE_RAY"):
+        run.extra["ray_drivers"] = proc.stdout.count(" is a Ray driver of ")  # processes that did connect
     if proc.returncode != 0:
         run.error = f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"
     run.ok = proc.returncode == 0 and run.steps > 0

@@ -14,7 +14,10 @@ For each config and round it runs, one after the other (A B A B ...):
 
 raytrain's CPU workers run with the jemalloc Ray ships (on raytrain's own nodes); B runs as torchrun does, with
 glibc's malloc, unless ``--bare-jemalloc`` preloads the same library for B: A/B is then the overhead at the
-same allocator. The table's first column says which each side had.
+same allocator. The table's first column says which each side had. ``--bare-ray`` also connects each of B's
+processes to the same local cluster as a Ray driver before it trains (an idle Ray core worker in the training
+process, as every Ray Train worker has): with both options, A/B is the cost raytrain and Ray Train add beyond
+running inside a Ray process at all.
 
 Figures per config (medians over rounds; [min, max] in the JSON): steady-state step time (median
 ``step_time_s`` after the first --warmup steps) and A/B; time from command start to the end of step 1 and
@@ -61,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bare-jemalloc", action="store_true",
                    help="side B with Ray's jemalloc preloaded, as raytrain's CPU workers run: A/B is then the "
                         "overhead at the same allocator (default: B as torchrun runs, with glibc's malloc)")
+    p.add_argument("--bare-ray", action="store_true",
+                   help="side B's processes each connected to the local cluster as a Ray driver (an idle Ray core "
+                        "worker in each training process)")
     p.add_argument("--bare-nice", type=int, default=0,
                    help="run side B at this niceness (Ray runs its train workers at 15; default %(default)s)")
     p.add_argument("--num-cpus", type=float, default=None, help="cluster up --num-cpus, if this script starts it")
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     bl.log(f"overhead: {len(configs)} config(s) x {args.rounds} round(s), job {args.job} {args.job_args}")
     started = bl.cluster_up(env, args.num_cpus)
     bl.log("overhead: local cluster " + ("started" if started else "already running (warm)"))
+    if args.bare_ray:
+        bare_extra.update(bl.ray_driver_env(env))
     t_start = time.time()
     try:
         if started and not args.no_warm_up:
@@ -224,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             "job": args.job, "job_args": job_args, "workers": args.workers, "precision": args.precision,
             "grad_accum": args.grad_accum, "micro_batch": args.micro_batch, "rounds": args.rounds,
             "warmup_steps": args.warmup, "env": args.env, "bare_env": args.bare_env,
-            "bare_jemalloc": args.bare_jemalloc, "bare_nice": args.bare_nice, "smoke": args.smoke, "cluster_started_here": started,
+            "bare_jemalloc": args.bare_jemalloc, "bare_ray": args.bare_ray, "bare_nice": args.bare_nice, "smoke": args.smoke, "cluster_started_here": started,
             "duration_s": round(time.time() - t_start, 1),
         },
         "configs": {},

@@ -59,6 +59,7 @@ class LocalRayCluster(Cluster):
             "running": True,
             "dashboard": c.dashboard_url,
             "gcs_address": c.gcs_address,
+            "token_path": c.token_path,  # what a Ray client of this cluster authenticates with (RAY_AUTH_TOKEN_PATH)
             "pid": c.pid,
             "nodes": nodes,
             "totals": {

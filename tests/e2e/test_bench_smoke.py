@@ -55,3 +55,20 @@ def test_overhead_smoke_on_the_suite_cluster(cli, tmp_path):
     # the same job, seed and DeepSpeed config on both sides: the same losses
     assert s["loss_max_abs_diff"] is not None and s["loss_max_abs_diff"] < 1e-3, s
     assert set(s["goals"]) >= {"steady_ok", "first_step_ok"}
+
+
+def test_bare_side_with_a_ray_driver_in_each_process(cli):
+    """overhead.py --bare-ray --bare-jemalloc's B side: each torchrun process joins the suite's cluster as a Ray
+    driver, then trains as before (the run that isolates what a Ray core worker in the process costs)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import benchlib as bl
+
+    flags = bl.submit_flags(workers=2, zero=1, precision="bf16", grad_accum=4, micro_batch=1)
+    plan = bl.dry_run_plan(str(ROOT / "jobs" / "gpt_zero.py"), flags, ["--steps", str(SMOKE_STEPS)], cli.env)["plan"]
+    extra = {**bl.jemalloc_preload(), **bl.ray_driver_env(cli.env)}
+    assert extra["RAYTRAIN_BARE_RAY"] == f"127.0.0.1:{cli.env['RAYTRAIN_PORT']}"
+    assert Path(extra["RAY_AUTH_TOKEN_PATH"]).is_file()
+    run = bl.run_bare(plan, cli.env, label="zero1", rnd=0, warmup=2, extra_env=extra, timeout=300)
+    assert run.ok, run.error
+    assert run.allocator == "jemalloc + Ray driver" and run.extra["ray_drivers"] == 2, run.to_dict()
+    assert run.steps == SMOKE_STEPS and 0 < run.steady_step_s < 60, run.to_dict()
