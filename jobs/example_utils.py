@@ -24,6 +24,13 @@ def after_step(ctx, args, step: int) -> None:
     if args.step_sleep:
         time.sleep(args.step_sleep)
     if args.fail_once_at_step and step == args.fail_once_at_step and ctx.resumed_from is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            # every rank has finished and reported this step before the crash: without it, the dying rank's
+            # closed sockets could fail rank 0 still inside the step's last collective, and whether the step
+            # was reported would depend on timing
+            dist.barrier()
         if ctx.rank == min(1, ctx.world_size - 1):
             print(f"rank {ctx.rank}: simulated crash at step {step}", flush=True)
             os._exit(1)  # a real process death, not an exception
