@@ -289,7 +289,8 @@ def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int,
     run.extra["nice"] = nice
     b_env = {**bare_env(env), **(extra_env or {})}
     run.allocator = "jemalloc" if "libjemalloc" in b_env.get("LD_PRELOAD", "") else "default"
-    if b_env.get("RAYTRAIN_BARE_RAY"):
+    ray_driver = bool(b_env.get("RAYTRAIN_BARE_RAY"))  # overhead.py --bare-ray
+    if ray_driver:
         run.allocator += " + Ray driver"  # overhead.py --bare-ray: shown beside the allocator in the table
     nproc = int(plan["scaling"]["num_workers"])
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-plan-", delete=False) as f:
@@ -311,7 +312,7 @@ def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int,
         os.unlink(plan_path)
     run.wall_s = round(time.time() - t0, 3)
     fill_from_facts(run, JobFacts.from_lines(proc.stdout.splitlines()), t0, warmup, cpu)
-    if b_env.get("RAYTRAIN_BARE_RAY"):
+    if ray_driver:
         run.extra["ray_drivers"] = proc.stdout.count(" is a Ray driver of ")  # processes that did connect
     if proc.returncode != 0:
         run.error = f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"

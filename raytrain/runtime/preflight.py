@@ -268,20 +268,28 @@ def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
     }
 
 
+def before_process_group(worker_group: Any, interface: str | None) -> None:
+    """What both backends' ``on_start`` (here and raytrain.runtime.torch_backend) do, on Ray Train's controller,
+    before the process group forms: record there too (the preflight and restarts in the run's record), mark
+    the workers started, run the preflight and write its summary."""
+    from raytrain import events, run_record, timings
+
+    run_record.start_from_env("controller")
+    timings.emit("workers_started")
+    events.emit(events.PREFLIGHT, **run(worker_group, interface))
+    timings.emit("preflight")
+
+
 def torch_config(*, timeout_s: float, interface: str | None) -> Any:
     """A TorchConfig whose backend runs the preflight before setting up the process group."""
     from ray.train.torch import TorchConfig
     from ray.train.torch.config import _TorchBackend
 
-    from raytrain import events, run_record, timings
+    from raytrain import timings
 
     class _PreflightBackend(_TorchBackend):
         def on_start(self, worker_group, backend_config):
-            run_record.start_from_env("controller")  # the preflight and restarts in the run's record too
-            timings.emit("workers_started")
-            summary = run(worker_group, backend_config.interface)
-            events.emit(events.PREFLIGHT, **summary)
-            timings.emit("preflight")
+            before_process_group(worker_group, backend_config.interface)
             super().on_start(worker_group, backend_config)
             timings.emit("process_group")
 

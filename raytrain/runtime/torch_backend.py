@@ -66,18 +66,14 @@ def make_config(*, timeout_s: float, interface: str | None) -> Any:
     from ray.train.backend import Backend, BackendConfig
     from ray.train.v2._internal.util import TrainingFramework
 
-    from raytrain import events, run_record, timings
+    from raytrain import timings
     from raytrain.runtime import preflight
 
     class LazyTorchBackend(Backend):
         share_cuda_visible_devices = True
 
         def on_start(self, worker_group, backend_config):
-            run_record.start_from_env("controller")  # the preflight and restarts in the run's record too
-            timings.emit("workers_started")
-            summary = preflight.run(worker_group, backend_config.interface)
-            events.emit(events.PREFLIGHT, **summary)
-            timings.emit("preflight")
+            preflight.before_process_group(worker_group, backend_config.interface)
             backend = process_group_backend(backend_config.backend, worker_group.get_resources_per_worker())
             addr, port = worker_group.execute_single(0, get_address_and_port)
             worker_group.execute(set_master, addr, port)
