@@ -3,7 +3,7 @@
 #   1. bench/gpu_mfu.py: bf16 eager (with a kernel profile), torch.compile, then fp16 with dynamic loss scaling;
 #   2. eager bf16 at micro-batch 32 and 64 (MFU against the GEMMs' size; the planner at large activations);
 #   3. the planner against other layouts: ZeRO-1, ZeRO-3, and gradients accumulated over 4 micro-batches.
-# The GPU image has torch but not what DeepSpeed needs: wheels in .whl/ (see README, Benchmarks) are installed
+# The GPU image has torch but not what DeepSpeed needs: wheels in .whl/ (see docs/benchmarks.md) are installed
 # to /tmp/site first. Results: one JSON per run and one log (the device tool returns at most 8 files).
 #   bash bench/gpu_device.sh [gpu_mfu.py options]      # results in $OUT (the device tool) or bench/results
 set -uo pipefail

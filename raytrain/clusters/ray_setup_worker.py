@@ -16,7 +16,7 @@ One addition: a process whose environment has ``RAYTRAIN_CPU_ALLOCATOR=jemalloc`
 on CPU: raytrain.targets.base) starts with the jemalloc that Ray ships for its raylet (``ray/core/libjemalloc.so``
 of this node's Ray) in ``LD_PRELOAD``, after anything the environment preloads already (an allocator the user
 preloads wins). It replaces glibc's malloc for the whole process; a CPU job's steps were 6-15 % shorter with
-it (README, Benchmarks). Where that file does not exist, nothing is preloaded and glibc's malloc stays.
+it (docs/benchmarks.md). Where that file does not exist, nothing is preloaded and glibc's malloc stays.
 
 raytrain's ``ray start`` (raytrain.clusters.ray_start) puts this file in the raylet's
 ``--python_worker_command`` in place of Ray's; ``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's.
