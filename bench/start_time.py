@@ -1,7 +1,7 @@
 """Time from the command to step 1, phase by phase, with a start-up cut on (A) and off (B), alternated.
 
     .venv/bin/python bench/start_time.py                      # A: raytrain as is; B: RAYTRAIN_LAZY_TORCH=0
-    .venv/bin/python bench/start_time.py --rounds 6 --b-env RAYTRAIN_LAZY_TORCH=0 --b-env RAYTRAIN_HIDE_UNUSED_IMPORTS=0
+    .venv/bin/python bench/start_time.py --rounds 6 --b-env RAYTRAIN_LAZY_TORCH=0
     .venv/bin/python bench/start_time.py --b-env RAYTRAIN_EARLY_IMPORTS=0 --out bench/results/start_early_imports.json
     .venv/bin/python bench/start_time.py --b-env RAYTRAIN_LOCAL_UPLOAD=1 --out bench/results/start_no_upload.json
     .venv/bin/python bench/start_time.py --b-env RAYTRAIN_PRESTART=0 --out bench/results/start_prestart.json

@@ -5,12 +5,13 @@ import os
 import stat
 from pathlib import Path
 
+from raytrain import settings
 from raytrain.errors import UnsafePath
 
 
 def home() -> Path:
     """``$RAYTRAIN_HOME`` or ``~/.raytrain``; created on first use with owner-only permissions."""
-    path = Path(os.environ.get("RAYTRAIN_HOME") or Path.home() / ".raytrain").expanduser()
+    path = Path(settings.get("RAYTRAIN_HOME") or Path.home() / ".raytrain").expanduser()
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 

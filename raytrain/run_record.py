@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raytrain import settings
 from raytrain.storage import is_uri
 
 if TYPE_CHECKING:
@@ -51,8 +52,8 @@ def start_from_env(who: str) -> str | None:
     try:
         import json
 
-        plan = json.loads(os.environ["RAYTRAIN_PLAN"])
-        return start(plan.get("storage"), os.environ.get("RAYTRAIN_RUN_NAME") or plan.get("name", ""), who)
+        plan = json.loads(settings.raw("RAYTRAIN_PLAN") or "null")
+        return start(plan.get("storage"), settings.get("RAYTRAIN_RUN_NAME") or plan.get("name", ""), who)
     except (KeyError, ValueError, AttributeError):
         return None
 

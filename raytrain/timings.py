@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from raytrain import settings
+
 ENV = "RAYTRAIN_CLIENT_TIMINGS"
 
 # (phase, who marks it, what it means), in the order a submission passes them.
@@ -84,7 +86,7 @@ def client_env() -> dict[str, str]:
 def from_env() -> dict[str, float]:
     """The client's marks, read by the driver."""
     try:
-        data = json.loads(os.environ.get(ENV) or "{}")
+        data = json.loads(settings.raw(ENV) or "{}")
     except ValueError:
         return {}
     return {k: float(v) for k, v in data.items() if k in ORDER and isinstance(v, (int, float))}

@@ -13,11 +13,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from raytrain import paths
+from raytrain import paths, settings
 from raytrain.clusters import ray_process
 from raytrain.errors import ClusterError, ConfigError
 
-JOIN_TIMEOUT_S = float(os.environ.get("RAYTRAIN_JOIN_TIMEOUT_S", 90))
+JOIN_TIMEOUT_S = settings.get("RAYTRAIN_JOIN_TIMEOUT_S")
 STARTED_MARK = "Ray runtime started."
 
 

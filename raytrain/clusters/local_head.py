@@ -16,13 +16,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from raytrain import paths
+from raytrain import paths, settings
 from raytrain.clusters import ports, ray_process
 from raytrain.clusters.dashboard import Dashboard, token_headers
 from raytrain.errors import ClusterError
 
-DEFAULT_PORT = int(os.environ.get("RAYTRAIN_PORT", 6379))
-DEFAULT_DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_DASHBOARD_PORT", 8265))
+DEFAULT_PORT = settings.get("RAYTRAIN_PORT")
+DEFAULT_DASHBOARD_PORT = settings.get("RAYTRAIN_DASHBOARD_PORT")
 START_TIMEOUT_S = 180.0  # `ray start` takes ~15 s on 2 idle cores; far longer on a loaded machine
 LOOPBACK = "127.0.0.1"
 # Ray 2.60 rewrites --node-ip-address=127.0.0.1 to the machine's network address; this setting (its switch

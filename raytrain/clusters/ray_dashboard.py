@@ -4,8 +4,8 @@ what ``python .../ray/dashboard/dashboard.py ARGS`` does, with two of its one-se
 Ray's dashboard runs each API module in a process of its own; every second the dashboard health-checks each
 module over HTTP, and every module checks that the dashboard is still alive: two wake-ups a second per
 module, on a node where nothing else happens (the module processes and the dashboard took half of an idle
-head's CPU). Here the health check runs every ``RAYTRAIN_DASHBOARD_HEALTH_CHECK_S`` (10 s) and the module's
-parent check every ``RAYTRAIN_DASHBOARD_PARENT_CHECK_S`` (5 s): a module that died is restarted up to 10 s
+head's CPU). Here the health check runs every ``HEALTH_CHECK_S`` (10 s) and the module's
+parent check every ``PARENT_CHECK_S`` (5 s): a module that died is restarted up to 10 s
 after, not 1 s, and a module whose dashboard died exits up to 5 s after it. Ray's code is unchanged
 otherwise; each poll is the only ``asyncio.sleep`` of its Ray module, and only a one-second sleep is changed
 (``tests/unit/test_ray_pollers.py`` checks this still holds for the installed Ray).
@@ -22,7 +22,6 @@ import runpy
 import sys
 import types
 
-from raytrain.clusters.ray_process import env_seconds
 
 HEALTH_CHECK_S = 10.0
 PARENT_CHECK_S = 5.0
@@ -47,7 +46,7 @@ def slow_module_parent_check() -> None:
     """In a module process: check the dashboard is alive every PARENT_CHECK_S, not every second."""
     from ray.dashboard.subprocesses import module
 
-    module.asyncio = stretched_asyncio(env_seconds("RAYTRAIN_DASHBOARD_PARENT_CHECK_S", PARENT_CHECK_S))
+    module.asyncio = stretched_asyncio(PARENT_CHECK_S)
 
 
 def slow_health_checks() -> None:
@@ -55,7 +54,7 @@ def slow_health_checks() -> None:
     from the forkserver, which imports this module first) check its parent less often."""
     from ray.dashboard.subprocesses import handle
 
-    handle.asyncio = stretched_asyncio(env_seconds("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", HEALTH_CHECK_S))
+    handle.asyncio = stretched_asyncio(HEALTH_CHECK_S)
     cls = handle.SubprocessModuleHandle
     preload = cls.preload_in_forkserver.__func__
 

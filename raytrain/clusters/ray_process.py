@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-from raytrain import paths
+from raytrain import paths, settings
 from raytrain.errors import ClusterError, ConfigError
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ def live_record(role: str) -> dict | None:
 
 def temp_dir() -> Path:
     # Ray's unix socket paths must stay short (< 108 bytes): keep the temp dir out of deep folders.
-    override = os.environ.get("RAYTRAIN_RAY_TEMP_DIR")
+    override = settings.raw("RAYTRAIN_RAY_TEMP_DIR")
     return Path(override) if override else Path(f"/tmp/raytrain-{os.getuid()}")
 
 
@@ -147,17 +147,7 @@ QUIET_ENV = {
 }
 def quiet(env: Mapping[str, str] | None = None) -> bool:
     """Whether a node raytrain starts runs quieter than Ray's defaults (``RAYTRAIN_QUIET_HEAD``, default on)."""
-    return (os.environ if env is None else env).get("RAYTRAIN_QUIET_HEAD", "1") != "0"
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A period in seconds from the environment variable ``name``; ``default`` when unset, not a number or not
-    above 0."""
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
+    return settings.get("RAYTRAIN_QUIET_HEAD", env)
 
 
 def quiet_env() -> dict[str, str]:

@@ -22,7 +22,7 @@ Every worker process starts through raytrain's ``ray_setup_worker`` (Ray's ``set
 importing Ray; see there). The raylet may start at least ``MIN_STARTUP_CONCURRENCY`` worker processes at once (Ray allows as many as
 the node has CPUs: 2 on a 2-CPU node, where a job's start asks for its Train controller, the controller's
 synchronisation actor and a process per worker at the same moment; see raytrain.runtime.prestart).
-``RAYTRAIN_STARTUP_CONCURRENCY`` sets the floor (0: Ray's rule); ``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's
+``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's
 setup step. Nor does the raylet start Ray's one idle process per CPU for the node's first job, with an empty
 runtime env that no raytrain actor has.
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import sys
 
+from raytrain import settings
 from raytrain.clusters.ray_process import quiet
 
 DASHBOARD_MODULES = ("JobHead", "StateHead", "NodeHead", "ReportHead", "EventHead", "UsageStatsHead")
@@ -46,7 +47,7 @@ def modules_to_load(env: dict[str, str] | None = None) -> tuple[str, ...] | None
     env = os.environ if env is None else env
     if not quiet(env):
         return None
-    chosen = env.get("RAYTRAIN_DASHBOARD_MODULES", "").strip()
+    chosen = settings.get("RAYTRAIN_DASHBOARD_MODULES", env).strip()
     if chosen.lower() == "all":
         return None
     if chosen:
@@ -87,8 +88,7 @@ def startup_concurrency(env: dict[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     if not quiet(env):
         return 0
-    value = env.get("RAYTRAIN_STARTUP_CONCURRENCY", "").strip()
-    return int(value) if value.isdigit() else MIN_STARTUP_CONCURRENCY
+    return MIN_STARTUP_CONCURRENCY
 
 
 WORKER_COMMAND_FLAG = "--python_worker_command="
@@ -98,7 +98,7 @@ RAY_SETUP_WORKER = os.path.join("_private", "workers", "setup_worker.py")
 def light_setup_worker(env: dict[str, str] | None = None) -> bool:
     """Whether workers start through raytrain's setup step (not with ``RAYTRAIN_QUIET_HEAD=0``: Ray's scripts)."""
     env = os.environ if env is None else env
-    return quiet(env) and env.get("RAYTRAIN_LIGHT_SETUP_WORKER", "1") != "0"
+    return quiet(env) and settings.get("RAYTRAIN_LIGHT_SETUP_WORKER", env)
 
 
 def python_worker_command(value: str, setup_worker: str) -> str:
@@ -170,7 +170,7 @@ def start_head_processes_quietly(modules: tuple[str, ...] | None, quiet_polls: b
 
 def ray_client_wanted(env: dict[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return not quiet(env) or env.get("RAYTRAIN_RAY_CLIENT", "0") == "1"
+    return not quiet(env) or settings.get("RAYTRAIN_RAY_CLIENT", env)
 
 
 def skip_ray_client_server() -> None:

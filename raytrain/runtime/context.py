@@ -5,10 +5,9 @@ small collaborators: reporting (runtime.reporter), checkpoints (runtime.checkpoi
 from __future__ import annotations
 
 import copy
-import os
 from typing import Any
 
-from raytrain import timings
+from raytrain import settings, timings
 from raytrain.config.plan import Plan
 from raytrain.runtime import hf_model
 from raytrain.runtime.checkpointer import Checkpointer
@@ -337,9 +336,9 @@ def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") ->
     if plan.track:  # rank 0 logs every report to --track's trackers, in one tracker run per raytrain run
         from raytrain.runtime import trackers
 
-        run_name = run_name or os.environ.get("RAYTRAIN_RUN_NAME", plan.name)
+        run_name = run_name or settings.get("RAYTRAIN_RUN_NAME") or plan.name
         ctx._reporter.trackers = trackers.start(plan, rank=ctx.rank, run_name=run_name, log=ctx.log)
-    interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
+    interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
     if interval > 0:
         ctx.start_monitor(interval)
     return ctx

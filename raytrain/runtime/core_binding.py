@@ -22,11 +22,13 @@ from __future__ import annotations
 import os
 import sys
 
+from raytrain import settings
+
 ENV = "RAYTRAIN_BIND_CORES"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return settings.get(ENV)
 
 
 def cores_for(local_rank: int, local_world_size: int, cpus_per_worker: float, allowed: list[int],

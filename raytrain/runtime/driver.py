@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 
-from raytrain import events, timings
+from raytrain import events, settings, timings
 from raytrain.capacity import Node, capacity_problem
 from raytrain.config.plan import Plan
 from raytrain.events import emit
@@ -179,7 +179,7 @@ def prestart_processes(plan: Plan, worker_env: dict) -> None:
         asked = prestart.start(scaling.num_workers, scaling.resources_per_worker, worker_env,
                                min_workers=scaling.min_workers if scaling.elastic else scaling.num_workers)
     except Exception as exc:  # noqa: BLE001 - the processes start later, as Ray would start them
-        if os.environ.get("RAYTRAIN_VERBOSE"):
+        if settings.get("RAYTRAIN_VERBOSE"):
             print(f"raytrain: could not start the job's processes ahead: {exc}", file=sys.stderr)
         return
     if asked["controller"] or asked["workers"]:
@@ -188,7 +188,7 @@ def prestart_processes(plan: Plan, worker_env: dict) -> None:
 
 def read_plan() -> Plan:
     """The plan the CLI resolved, from ``$RAYTRAIN_PLAN`` (missing fields take the Plan's defaults)."""
-    return Plan.from_dict(json.loads(os.environ["RAYTRAIN_PLAN"]))
+    return Plan.from_dict(json.loads(settings.raw("RAYTRAIN_PLAN")))
 
 
 def _pinned_address() -> dict | None:
@@ -283,7 +283,7 @@ def main() -> int:
 
     plan = read_plan()
     prompt_poll.configure_driver_env()  # before Ray Train's controller env is derived (prestart, fit)
-    run_name = os.environ.get("RAYTRAIN_RUN_NAME") or plan.name
+    run_name = settings.get("RAYTRAIN_RUN_NAME") or plan.name
     run_record.start(plan.storage, run_name, "driver")  # the run's events outlive the cluster
     for phase, t in timings.from_env().items():  # the client's marks (command, request built, submitted)
         timings.emit(phase, t)
@@ -293,7 +293,7 @@ def main() -> int:
     import logging
 
     # Ray's "Connecting to existing Ray cluster ..." lines only with `submit -v`.
-    quiet = not os.environ.get("RAYTRAIN_VERBOSE")
+    quiet = not settings.get("RAYTRAIN_VERBOSE")
     ray.init(log_to_driver=True, runtime_env=_pinned_address(), logging_level=logging.WARNING if quiet else logging.INFO)
     scaling = plan.scaling
     problem = capacity_problem(
@@ -373,7 +373,7 @@ def main() -> int:
             checkpoint_config=CheckpointConfig(num_to_keep=plan.keep or None),
             callbacks=[restart_announcer(plan.max_failures)],
             # Ray Train logs every report at INFO; raytrain shows progress itself.
-            logging_config=LoggingConfig(log_level=os.environ.get("RAYTRAIN_TRAIN_LOG_LEVEL", "WARNING")),
+            logging_config=LoggingConfig(log_level=settings.get("RAYTRAIN_TRAIN_LOG_LEVEL")),
             worker_runtime_env=worker_env,
         ),
     )
@@ -388,7 +388,7 @@ def main() -> int:
         if type(cause).__name__ == "PreflightError":  # the workers cannot connect: a setup error, not a crash
             emit(events.INVALID, message=str(cause))
             return EXIT_CANNOT_RUN
-        if rank is None or os.environ.get("RAYTRAIN_VERBOSE"):  # a worker's: it printed it (runtime.worker_errors)
+        if rank is None or settings.get("RAYTRAIN_VERBOSE"):  # a worker's: it printed it (runtime.worker_errors)
             traceback.print_exc()
         emit(events.ERROR, type=type(cause).__name__, rank=rank, message=_one_line(cause))
         end_trackers(plan, run_name, "failed")
@@ -408,7 +408,7 @@ def main() -> int:
 def run_from_job_code() -> int:
     """``main()`` in the job's copy of its folder when the local target made one instead of an upload (as in
     an unpacked working_dir, the driver's cwd is the job's folder), removed when the driver ends."""
-    code = os.environ.get("RAYTRAIN_JOB_CODE")
+    code = settings.get("RAYTRAIN_JOB_CODE")
     if not code:
         return main()
     os.chdir(code)

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Iterator
 
+from raytrain import settings
+
 MODULES_ENV = "RAYTRAIN_WORKER_IMPORTS"  # comma-separated, set by the driver on the workers' runtime env
 GPU_ENV = "RAYTRAIN_WORKER_GPU"  # "1": the workers use GPUs (DeepSpeed picks its accelerator at import)
 HOOK = f"{__name__}.start"
@@ -33,7 +35,7 @@ _done_at: list[float] = []  # when the background imports ended (time.time())
 
 
 def enabled() -> bool:
-    return os.environ.get("RAYTRAIN_EARLY_IMPORTS", "1") != "0"
+    return settings.get("RAYTRAIN_EARLY_IMPORTS")
 
 
 def omp_threads(cpus_per_worker: float | None) -> str:
@@ -85,10 +87,10 @@ def _import_all(modules: list[str]) -> None:
 def start() -> None:
     """Ray's worker_process_setup_hook: start the imports in a daemon thread and return at once."""
     global _thread
-    modules = [m for m in os.environ.get(MODULES_ENV, "").split(",") if m]
+    modules = [m for m in settings.get(MODULES_ENV).split(",") if m]
     if not modules or _thread is not None:
         return
-    prepare_environment(os.environ.get(GPU_ENV) == "1")
+    prepare_environment(settings.get(GPU_ENV))
     _thread = threading.Thread(target=_import_all, args=(modules,), daemon=True, name="raytrain-imports")
     _thread.start()
 
@@ -117,8 +119,8 @@ def collector_paused() -> Iterator[None]:
     imports and ``gc.freeze()`` after (what Python's documentation advises for a heap that lives for good),
     the job's own collections walk only what the job makes: importing Ray Train, torch and DeepSpeed took 2.2
     s instead of 2.8 s in one process. Garbage made by the imports stays (9,000 objects left unreachable
-    there, against 600,000 kept). ``--env RAYTRAIN_GC_FREEZE=0`` leaves the collector as Python has it."""
-    if os.environ.get("RAYTRAIN_GC_FREEZE", "1") == "0" or not gc.isenabled():
+    there, against 600,000 kept)."""
+    if not gc.isenabled():
         yield
         return
     gc.disable()

@@ -1,8 +1,9 @@
 """DeepSpeed engine construction: the one place that imports deepspeed."""
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from raytrain import settings
 
 
 def _skip_shm_comm_on_cpu(deepspeed: Any) -> None:
@@ -12,7 +13,7 @@ def _skip_shm_comm_on_cpu(deepspeed: Any) -> None:
     a small machine); training never uses it (it serves inference all-reduce). Set
     ``RAYTRAIN_DS_SHM_COMM=1`` to keep it.
     """
-    if os.environ.get("RAYTRAIN_DS_SHM_COMM") == "1":
+    if settings.get("RAYTRAIN_DS_SHM_COMM"):
         return
     from deepspeed.accelerator import get_accelerator
 

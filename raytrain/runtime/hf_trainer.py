@@ -21,6 +21,7 @@ import functools
 import os
 from typing import Any, Iterator
 
+from raytrain import settings
 from raytrain.runtime.hf_checkpoints import Resume
 from raytrain.runtime.reporter import Reporter
 
@@ -136,10 +137,10 @@ def trainer_hooks(
     import transformers
 
     reporter = Reporter(rank=rank, train_batch=train_batch)
-    interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
+    interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
     if interval > 0:
         reporter.start_monitor(interval, gpu=gpu)
-    log_every = max(1, int(os.environ.get("RAYTRAIN_HF_LOG_EVERY_STEPS", "1")))
+    log_every = max(1, settings.get("RAYTRAIN_HF_LOG_EVERY_STEPS"))
     original = transformers.Trainer.__init__
 
     @functools.wraps(original)

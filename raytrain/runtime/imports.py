@@ -7,13 +7,11 @@ Two costs DeepSpeed 0.19 puts before every job's first step, on every worker (CP
   three functions with ``torch.compile`` when it is imported; building those wrappers loads TorchInductor:
   ~2.2 s. raytrain makes the decoration lazy: ``torch.compile(fn)`` is built on the first call, which only
   a job that really uses Muon makes (torch.compile itself compiles on the first call anyway).
-``RAYTRAIN_HIDE_UNUSED_IMPORTS=0`` turns both off (bench/job_cost.py measures what they save).
 """
 from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 from types import ModuleType
 from typing import Callable
@@ -58,8 +56,6 @@ def compile_on_first_call() -> Callable[[Callable], Callable]:
 
 
 def import_deepspeed() -> ModuleType:
-    if os.environ.get("RAYTRAIN_HIDE_UNUSED_IMPORTS", "1") == "0":
-        return importlib.import_module("deepspeed")
     deepspeed = import_hiding("deepspeed", UNUSED_BY_DEEPSPEED)
     from deepspeed.runtime import compiler
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from raytrain import settings
 
 # One process with the controller's runtime env. Ray Train's synchronisation actor has that env too, but a
 # second one started here was left idle (0.7 s of CPU for nothing) whenever the controller's own request
@@ -43,7 +44,7 @@ WARN_BLOCKING_GET_DEFAULT = "0"
 
 
 def enabled() -> bool:
-    return os.environ.get("RAYTRAIN_PRESTART", "1") != "0"
+    return settings.get("RAYTRAIN_PRESTART")
 
 
 def merge(parent: dict, child: dict) -> dict:

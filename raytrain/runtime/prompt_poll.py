@@ -10,8 +10,8 @@ thread, on the cores the workers train on (1 % of a core in the controller alone
 Here the controller (:func:`controller_class`, in place of Ray's while ``installed()``) polls every
 ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (Ray's 2 s unless the job sets it), and a worker that is about to need a
 poll asks for it (:func:`ask`): after it reported a checkpoint, and when its train function ends (returned or
-raised). The controller then polls at once and every ``RAYTRAIN_PROMPT_POLL_S`` (0.05 s) for the next
-``RAYTRAIN_PROMPT_WINDOW_S`` (0.5 s: the poll that takes a checkpoint report and the one that confirms it; a
+raised). The controller then polls at once and every ``FAST_S`` (0.05 s) for the next
+``WINDOW_S`` (0.5 s: the poll that takes a checkpoint report and the one that confirms it; a
 train function that has returned). A worker process that dies without asking is found by the next regular
 poll, as under Ray's default. ``RAYTRAIN_PROMPT_POLL=0`` keeps Ray's controller, polling every 0.2 s.
 
@@ -23,7 +23,7 @@ import contextlib
 import os
 from typing import Iterator
 
-from raytrain.clusters.ray_process import env_seconds
+from raytrain import settings
 
 ENABLED_ENV = "RAYTRAIN_PROMPT_POLL"
 INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -33,7 +33,7 @@ METHOD = "raytrain_poll_soon"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENABLED_ENV, "1") != "0"
+    return settings.get(ENABLED_ENV)
 
 
 def configure_driver_env() -> None:
@@ -58,7 +58,7 @@ def controller_class() -> type:
 
     class PromptPollController(TrainController):
         _raytrain_asked: asyncio.Event | None = None  # made on the actor's event loop, at first use
-        _raytrain_fast_until = float("-inf")  # poll every RAYTRAIN_PROMPT_POLL_S until then
+        _raytrain_fast_until = float("-inf")  # poll every FAST_S until then
 
         # A copy of TrainController._poll_workers (Ray 2.60) whose sleep is a wait on ``_raytrain_asked``.
         async def _poll_workers(self):
@@ -67,7 +67,7 @@ def controller_class() -> type:
                 now = time_monotonic()
                 interval = self._health_check_interval_s
                 if now < self._raytrain_fast_until:
-                    interval = min(interval, env_seconds("RAYTRAIN_PROMPT_POLL_S", FAST_S))
+                    interval = min(interval, FAST_S)
                 remaining = interval - (now - self._latest_poll_time)
                 if remaining <= 0:
                     break
@@ -91,8 +91,8 @@ def controller_class() -> type:
             return self._raytrain_asked
 
         async def raytrain_poll_soon(self, window_s: float | None = None) -> None:
-            """Poll the workers now, then every RAYTRAIN_PROMPT_POLL_S for ``window_s`` seconds."""
-            window = env_seconds("RAYTRAIN_PROMPT_WINDOW_S", WINDOW_S) if window_s is None else float(window_s)
+            """Poll the workers now, then every FAST_S for ``window_s`` seconds."""
+            window = WINDOW_S if window_s is None else float(window_s)
             self._raytrain_fast_until = max(self._raytrain_fast_until, time_monotonic() + window)
             self._raytrain_event().set()
 

@@ -18,12 +18,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from raytrain import settings
+
 RAY_TORCH = "ray.train.torch.config"  # where Ray's worker-side torch helpers live (imports torch)
 SHUTDOWN_TIMEOUT_S = 30.0
 
 
 def lazy_torch_enabled() -> bool:
-    return os.environ.get("RAYTRAIN_LAZY_TORCH", "1") != "0"
+    return settings.get("RAYTRAIN_LAZY_TORCH")
 
 
 def call(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -127,10 +129,10 @@ def make_config(*, timeout_s: float, interface: str | None) -> Any:
 #   removes the groups an ended job leaked before it places its own (runtime/placement_watch.py).
 # ``RAYTRAIN_LEAN_TRAINER=0`` keeps them all (bench/start_time.py measures what dropping them buys).
 def dropped_callbacks(datasets: dict | None) -> set[str]:
-    if os.environ.get("RAYTRAIN_LEAN_TRAINER", "1") == "0":
+    if not settings.get("RAYTRAIN_LEAN_TRAINER"):
         return set()
     names = set() if datasets else {"DatasetsCallback"}
-    if os.environ.get("RAYTRAIN_PG_CLEANER", "1") == "0":
+    if not settings.get("RAYTRAIN_PG_CLEANER"):
         names.add("PlacementGroupCleanerCallback")
     return names
 
@@ -143,7 +145,7 @@ def dropped_callbacks(datasets: dict | None) -> set[str]:
 # the fixed policy does without it. An elastic run (--workers MIN-MAX) keeps it: it sizes itself by the
 # resources the coordinator reserves.
 def coordinator_enabled() -> bool:
-    return os.environ.get("RAYTRAIN_AUTOSCALING_COORDINATOR", "1") != "0"
+    return settings.get("RAYTRAIN_AUTOSCALING_COORDINATOR")
 
 
 _NO_COORDINATOR: list[type] = []

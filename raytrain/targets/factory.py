@@ -4,9 +4,9 @@ Nothing here imports the kubernetes client: it is loaded only once a Kubernetes 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from raytrain import settings
 from raytrain.errors import ConfigError
 from raytrain.targets.base import Target
 
@@ -76,7 +76,7 @@ def make_target(options: TargetOptions | None = None, *, auto_start: bool = True
     options.refuse_k8s_options()
     if options.profile:
         raise ConfigError("--profile is a Kubernetes option for submit: add --k8s", flag="--profile")
-    address = options.address or os.environ.get("RAYTRAIN_ADDRESS")
+    address = options.address or settings.get("RAYTRAIN_ADDRESS")
     if address and address not in ("local", "auto"):
         from raytrain.targets.ray_jobs import RayJobsTarget
 

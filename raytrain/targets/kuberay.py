@@ -8,12 +8,12 @@ twice.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import raytrain
+from raytrain import settings
 from raytrain.capacity import Node
 from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects
@@ -186,7 +186,7 @@ class RayJobTarget(Target):
                 "--cluster (give that RayCluster's profile `env`, or leave --cluster out)", flag="--env-from-secret",
             )
         self.python = python
-        self.poll_s = float(os.environ.get("RAYTRAIN_K8S_POLL_S", DEFAULT_POLL_S)) if poll_s is None else poll_s
+        self.poll_s = (settings.get("RAYTRAIN_K8S_POLL_S") or DEFAULT_POLL_S) if poll_s is None else poll_s
         self._namespace: str | None = None
         self._cluster_obj: dict | None = None
         if ray_cluster is not None:

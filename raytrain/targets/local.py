@@ -11,11 +11,10 @@ worker restarts. A head started with ``--node-ip`` (other machines may join it) 
 """
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 
-from raytrain import paths
+from raytrain import paths, settings
 from raytrain.capacity import Node
 from raytrain.clusters import local_head
 from raytrain.config.plan import Plan
@@ -53,7 +52,8 @@ class LocalTarget(RayJobsTarget):
     def in_place(self, plan: Plan) -> bool:
         """Run from a local copy of the job's folder instead of an upload: the head is this machine's, bound
         to loopback (no other machine can join it), and RAYTRAIN_LOCAL_UPLOAD (--env or environment) is not 1."""
-        if (plan.env or {}).get(UPLOAD_ENV, os.environ.get(UPLOAD_ENV, "0")) == "1":
+        given = (plan.env or {}).get(UPLOAD_ENV)  # the job's --env wins over this process's environment
+        if settings.get(UPLOAD_ENV, None if given is None else {UPLOAD_ENV: given}):
             return False
         node_ip = self.cluster.node_ip if self.cluster else None
         return node_ip in (None, "", local_head.LOOPBACK)

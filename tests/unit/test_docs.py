@@ -136,6 +136,8 @@ def test_settings_page_lists_every_variable_the_docs_name():
     rows = "".join(line for line in settings.splitlines(True) if line.startswith("| `RAYTRAIN_"))
     listed = set(re.findall(r"`(RAYTRAIN_[A-Z0-9_]+)`", rows))
     for page in markdown_pages():
+        if page.name == "benchmarks.md":  # its history may name a switch since removed
+            continue
         named = set(re.findall(r"\b(RAYTRAIN_[A-Z0-9_]*[A-Z0-9])\b", page.read_text()))  # not _RAYTRAIN_COMPLETE
         missing = named - listed
         assert not missing, f"{page.relative_to(ROOT)} names {sorted(missing)}, which docs/settings.md lacks"

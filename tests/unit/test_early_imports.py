@@ -13,7 +13,7 @@ from raytrain.runtime import driver, early_imports
 def fresh(monkeypatch):
     monkeypatch.setattr(early_imports, "_thread", None)
     monkeypatch.setattr(early_imports, "_done_at", [])
-    monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")  # the imports here must not freeze pytest's own heap
+    monkeypatch.setattr("gc.freeze", lambda: None)  # the imports here must not freeze pytest's own heap
     return monkeypatch
 
 

@@ -41,7 +41,6 @@ def test_it_is_ray_trains_controller_under_its_own_name():
 
 
 def test_polls_wait_for_the_interval_unless_a_worker_asks(monkeypatch):
-    monkeypatch.setenv("RAYTRAIN_PROMPT_POLL_S", "0.05")
     controller = make_controller(interval_s=30.0)
     polls = controller._worker_group.polls
 
@@ -55,7 +54,7 @@ def test_polls_wait_for_the_interval_unless_a_worker_asks(monkeypatch):
         await controller.raytrain_poll_soon(0.6)
         await asyncio.wait_for(waiting, 2)
         assert len(polls) == 2 and polls[1] - asked < 0.2  # at once
-        while time.monotonic() < asked + 0.6:  # then every RAYTRAIN_PROMPT_POLL_S for the window
+        while time.monotonic() < asked + 0.6:  # then every FAST_S for the window
             await asyncio.wait_for(controller._poll_workers(), 2)
         gaps = [b - a for a, b in zip(polls[1:], polls[2:])]
         assert len(gaps) >= 5 and all(0.04 <= g < 0.3 for g in gaps), gaps

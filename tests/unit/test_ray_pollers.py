@@ -93,15 +93,3 @@ def test_the_log_monitor_sleeps_longer_only_when_idle():
     assert ray_log_monitor.patched_source("x = 1\n", 0.5) == "x = 1\n"
     twice = "time.sleep(0.1)\ntime.sleep(0.1)\n"
     assert ray_log_monitor.patched_source(twice, 0.5) == twice
-
-
-def test_poll_periods_follow_the_environment(monkeypatch):
-    from raytrain.clusters.ray_process import env_seconds
-
-    monkeypatch.setenv("RAYTRAIN_LOG_POLL_S", "0.25")
-    assert env_seconds("RAYTRAIN_LOG_POLL_S", ray_log_monitor.POLL_S) == 0.25
-    for bad in ("0", "-1", "soon"):
-        monkeypatch.setenv("RAYTRAIN_LOG_POLL_S", bad)
-        assert env_seconds("RAYTRAIN_LOG_POLL_S", ray_log_monitor.POLL_S) == ray_log_monitor.POLL_S
-    monkeypatch.setenv("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", "3")
-    assert env_seconds("RAYTRAIN_DASHBOARD_HEALTH_CHECK_S", ray_dashboard.HEALTH_CHECK_S) == 3.0

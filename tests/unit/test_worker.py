@@ -9,6 +9,8 @@ import pytest
 from raytrain.config import Options, Plan, resolve
 from raytrain.events import METRICS, parse_line
 
+FREEZE = __import__("gc").freeze  # the real one (fixtures below keep pytest's own heap unfrozen)
+
 JOB = """
 import json
 
@@ -40,7 +42,7 @@ def ray_train(monkeypatch):
     monkeypatch.setattr(ray_train, "report", lambda *a, **kw: pytest.fail("a metrics report went to Ray Train"))
     monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the worker sets for CPU workers (setdefault)
-    monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")  # not pytest's own heap (the test below turns it on)
+    monkeypatch.setattr("gc.freeze", lambda: None)  # not pytest's own heap (the test below turns it on)
     monkeypatch.setenv("RAYTRAIN_BIND_CORES", "0")  # nor pytest's own threads
     return ray_train
 
@@ -95,7 +97,7 @@ def test_the_worker_freezes_the_heap_it_imported_before_the_job_runs(tmp_path, r
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "raytrain_job", raising=False)
-    monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "1")
+    monkeypatch.setattr("gc.freeze", FREEZE)  # the worker freezes its heap, as in a real job
     before = len(gc.get_objects())
     try:
         train_loop_per_worker({"plan": json.loads(plan.to_json()), "resume_from": None})
@@ -124,17 +126,6 @@ def test_the_collector_is_off_while_importing_and_back_on_after(monkeypatch):
             import raytrain_no_such_module  # noqa: F401
     gc.unfreeze()
     assert gc.isenabled()
-
-
-def test_gc_freeze_can_be_turned_off(monkeypatch):
-    import gc
-
-    from raytrain.runtime.early_imports import collector_paused
-
-    monkeypatch.setenv("RAYTRAIN_GC_FREEZE", "0")
-    with collector_paused():
-        assert gc.isenabled()
-    assert gc.get_freeze_count() == 0
 
 
 def test_a_failing_job_prints_its_traceback_once_from_its_own_frames(tmp_path, ray_train, monkeypatch, capsys,

@@ -1,0 +1,123 @@
+"""Every RAYTRAIN_* variable is declared once (raytrain/settings.py), read only through it, and documented by
+the page generated from it."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from raytrain import settings
+from raytrain.errors import ConfigError
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "raytrain"
+NAME = re.compile(r"RAYTRAIN_[A-Z0-9_]*[A-Z0-9]")
+# A stdlib-only script Ray runs before any raytrain import is possible: it spells its one name itself.
+STDLIB_ONLY = {PACKAGE / "clusters" / "ray_setup_worker.py"}
+
+
+def _sources():
+    return [p for p in PACKAGE.rglob("*.py") if p.name != "settings.py"]
+
+
+def test_every_name_the_code_and_the_install_script_use_is_declared():
+    files = [*_sources(), *(ROOT / "scripts").iterdir()]
+    undeclared = {f"{p.relative_to(ROOT)}: {m}" for p in files for m in NAME.findall(p.read_text())
+                  if m not in settings.SETTINGS}
+    assert not undeclared, sorted(undeclared)
+
+
+def _module_constants(tree: ast.Module) -> dict[str, str]:
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = node.value.value
+    return out
+
+
+def _environ_reads(path: Path) -> list[str]:
+    """``os.environ[X]``, ``os.environ.get(X)``, ``os.getenv(X)``, where X is a RAYTRAIN_ literal or a module
+    constant holding one."""
+    tree = ast.parse(path.read_text())
+    consts = _module_constants(tree)
+
+    def raytrain_name(node) -> str | None:
+        value = node.value if isinstance(node, ast.Constant) else consts.get(node.id) if isinstance(node, ast.Name) else None
+        return value if isinstance(value, str) and value.startswith("RAYTRAIN_") else None
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and "environ" in ast.unparse(node.value):
+            name = raytrain_name(node.slice)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "getenv", "pop") and node.args
+              and ("environ" in ast.unparse(node.func.value) or node.func.attr == "getenv")):
+            name = raytrain_name(node.args[0])
+        else:
+            continue
+        if name:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    return found
+
+
+def test_no_module_reads_a_raytrain_variable_but_through_settings():
+    reads = [r for p in _sources() if p not in STDLIB_ONLY for r in _environ_reads(p)]
+    assert not reads, reads
+
+
+def test_the_scan_finds_a_direct_read(tmp_path):
+    planted = ROOT / "raytrain" / "_planted_read_for_test.py"
+    planted.write_text('import os\nX = "RAYTRAIN_PORT"\na = os.environ.get(X)\nb = os.environ["RAYTRAIN_HOME"]\n'
+                       'c = os.getenv("RAYTRAIN_VERBOSE", "0")\nd = request_env.get("RAYTRAIN_JOB_CODE")\n')
+    try:
+        assert len(_environ_reads(planted)) == 3
+    finally:
+        planted.unlink()
+
+
+def test_the_stdlib_only_setup_worker_spells_a_declared_name():
+    from raytrain.clusters import ray_setup_worker
+
+    assert ray_setup_worker.ALLOCATOR_VAR in settings.SETTINGS
+
+
+def test_the_settings_page_is_generated_from_the_table():
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert page == settings.markdown_page(), "run: python -m raytrain.settings > docs/settings.md"
+
+
+def test_each_setting_is_declared_with_a_known_type_audience_and_help():
+    for s in settings.SETTINGS.values():
+        assert s.type in settings.TYPES and s.audience in settings.AUDIENCES and s.help, s
+        assert (s.type == "choice") == bool(s.choices), s
+
+
+def test_values_are_typed_and_defaults_apply_when_unset_or_empty():
+    assert settings.get("RAYTRAIN_PORT", {}) == 6379
+    assert settings.get("RAYTRAIN_PORT", {"RAYTRAIN_PORT": "7000"}) == 7000
+    assert settings.get("RAYTRAIN_PORT", {"RAYTRAIN_PORT": " "}) == 6379
+    assert settings.get("RAYTRAIN_K8S_POLL_S", {"RAYTRAIN_K8S_POLL_S": "0.5"}) == 0.5
+    assert settings.get("RAYTRAIN_QUIET_HEAD", {}) is True
+    assert settings.get("RAYTRAIN_QUIET_HEAD", {"RAYTRAIN_QUIET_HEAD": "0"}) is False
+    assert settings.get("RAYTRAIN_CPU_ALLOCATOR", {"RAYTRAIN_CPU_ALLOCATOR": "JEMALLOC"}) == "jemalloc"
+    assert settings.get("RAYTRAIN_HOME", {"RAYTRAIN_HOME": "~/rt"}) == str(Path("~/rt").expanduser())
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("RAYTRAIN_PORT", "abc", "whole number"),
+    ("RAYTRAIN_K8S_POLL_S", "nan", "finite"),
+    ("RAYTRAIN_K8S_POLL_S", "-1", "0 or more"),
+    ("RAYTRAIN_QUIET_HEAD", "yes", "1 (on) or 0 (off)"),
+    ("RAYTRAIN_CPU_ALLOCATOR", "tcmalloc", "jemalloc, glibc"),
+])
+def test_a_malformed_value_is_a_config_error_naming_the_variable(name, value, says):
+    with pytest.raises(ConfigError) as err:
+        settings.get(name, {name: value})
+    assert f"{name}={value}" in str(err.value) and says in str(err.value)
+
+
+def test_an_undeclared_name_cannot_be_read():
+    with pytest.raises(KeyError, match="not a declared raytrain setting"):
+        settings.get("RAYTRAIN_NO_SUCH_THING", {})
