@@ -45,8 +45,8 @@ def cluster():
 @cluster.command()
 @click.option("--num-cpus", type=float, help="CPUs the cluster offers (default: all).")
 @click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
-@click.option("--port", type=int, help=f"GCS port (default {local_head.DEFAULT_PORT}).")
-@click.option("--dashboard-port", type=int, help=f"Default {local_head.DEFAULT_DASHBOARD_PORT}.")
+@click.option("--port", type=int, help="GCS port (default 6379, or $RAYTRAIN_PORT).")
+@click.option("--dashboard-port", type=int, help="Default 8265, or $RAYTRAIN_DASHBOARD_PORT.")
 @click.option("--node-ip", help="This machine's address for Ray (other machines join via it). Default: every Ray "
               "process (GCS, raylet, object manager, dashboard) listens on 127.0.0.1 only, unreachable from other "
               "machines.")

@@ -23,8 +23,8 @@ class LocalRayCluster(Cluster):
         return {
             "num_cpus": o.num_cpus if o.num_cpus is not None else p.num_cpus,
             "num_gpus": o.num_gpus if o.num_gpus is not None else p.num_gpus,
-            "port": o.port or p.port or local_head.DEFAULT_PORT,
-            "dashboard_port": o.dashboard_port or p.dashboard_port or local_head.DEFAULT_DASHBOARD_PORT,
+            "port": o.port or p.port or local_head.default_port(),
+            "dashboard_port": o.dashboard_port or p.dashboard_port or local_head.default_dashboard_port(),
         }
 
     def up(self, *, dry_run: bool = False) -> str:

@@ -21,8 +21,17 @@ from raytrain.clusters import ports, ray_process
 from raytrain.clusters.dashboard import Dashboard, token_headers
 from raytrain.errors import ClusterError
 
-DEFAULT_PORT = settings.get("RAYTRAIN_PORT")
-DEFAULT_DASHBOARD_PORT = settings.get("RAYTRAIN_DASHBOARD_PORT")
+
+
+def default_port() -> int:
+    """The GCS port when none is given ($RAYTRAIN_PORT, read when used: a bad value is a clean error)."""
+    return settings.get("RAYTRAIN_PORT")
+
+
+def default_dashboard_port() -> int:
+    return settings.get("RAYTRAIN_DASHBOARD_PORT")
+
+
 START_TIMEOUT_S = 180.0  # `ray start` takes ~15 s on 2 idle cores; far longer on a loaded machine
 LOOPBACK = "127.0.0.1"
 # Ray 2.60 rewrites --node-ip-address=127.0.0.1 to the machine's network address; this setting (its switch
@@ -85,8 +94,8 @@ def up(
     *,
     num_cpus: float | None = None,
     num_gpus: float | None = None,
-    port: int = DEFAULT_PORT,
-    dashboard_port: int = DEFAULT_DASHBOARD_PORT,
+    port: int | None = None,
+    dashboard_port: int | None = None,
     node_ip: str | None = None,
     resources: dict | None = None,
     timeout_s: float = START_TIMEOUT_S,
@@ -97,6 +106,8 @@ def up(
     (`raytrain cluster join`); the GCS address is recorded with it. The dashboard stays on 127.0.0.1.
     ``resources``: custom resources of the head node (``{"node_a": 1}``).
     """
+    port = default_port() if port is None else port
+    dashboard_port = default_dashboard_port() if dashboard_port is None else dashboard_port
     existing = current()
     if existing is not None:
         return existing, False

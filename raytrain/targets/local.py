@@ -40,7 +40,7 @@ class LocalTarget(RayJobsTarget):
         address = (
             self.cluster.dashboard_url
             if self.cluster
-            else f"http://127.0.0.1:{local_head.DEFAULT_DASHBOARD_PORT}"
+            else f"http://127.0.0.1:{local_head.default_dashboard_port()}"
         )
         super().__init__(
             address, token=self.cluster.token if self.cluster else "", python=sys.executable, ship_raytrain=False
