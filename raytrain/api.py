@@ -237,7 +237,7 @@ def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15, shown
     path = run_record.rank_logs(folder).get(int(error["rank"])) if folder is not None else None
     if path is None:
         return ""
-    from raytrain.cli.log_filter import LogFilter
+    from raytrain.log_filter import LogFilter
 
     last = run_record.tail(path, lines, keep=LogFilter(color=False))  # no Ray chatter among the last lines
     if last and shown is not None and all(not line.strip() or line.rstrip() in shown for line in last):

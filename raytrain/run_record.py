@@ -210,7 +210,7 @@ def nodes_of(path: Path) -> set[str]:
 
 def tail(path: Path, lines: int = 15, keep=None) -> list[str]:
     """The last ``lines`` lines of a rank's log that are not raytrain's event lines; ``keep(line)``, when
-    given, returns the line to show or None (raytrain.cli.log_filter.LogFilter)."""
+    given, returns the line to show or None (raytrain.log_filter.LogFilter)."""
     from raytrain.events import MARKER
 
     text = [line for line in path.read_text(errors="replace").splitlines()

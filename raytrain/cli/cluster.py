@@ -24,6 +24,12 @@ cluster_options = with_options(
 )
 
 
+def _local_jobs() -> list:
+    from raytrain.targets.local import LocalTarget
+
+    return LocalTarget(auto_start=False).list()
+
+
 def _cluster(flags: dict[str, Any], **local: Any):
     return make_cluster(ClusterOptions(
         k8s=bool(flags.get("k8s")),
@@ -33,7 +39,7 @@ def _cluster(flags: dict[str, Any], **local: Any):
         context=flags.get("k8s_context"),
         kubeconfig=flags.get("k8s_kubeconfig"),
         **local,
-    ))
+    ), _local_jobs)
 
 
 @click.group()

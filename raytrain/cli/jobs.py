@@ -13,7 +13,7 @@ from raytrain import events, timings
 from raytrain.cli.common import (
     address_option, complete_job_id, handle_errors, k8s_connection_options, print_json, print_table, with_options,
 )
-from raytrain.cli.log_filter import LogFilter, wants_color
+from raytrain.log_filter import LogFilter, wants_color
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, describe_preflight, describe_resize
 from raytrain.errors import ClusterError, ConfigError
 from raytrain.targets.base import Target

@@ -9,7 +9,7 @@ from rich.live import Live
 from rich.text import Text
 
 from raytrain import events
-from raytrain.cli.log_filter import LogFilter, split_prefix, wants_color
+from raytrain.log_filter import LogFilter, split_prefix, wants_color
 
 
 def gb(nbytes: float) -> str:

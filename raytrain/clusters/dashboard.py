@@ -9,6 +9,7 @@ from raytrain.capacity import Node
 from raytrain.errors import ClusterError
 
 CONNECT_TIMEOUT_S = 5.0
+METADATA_KEY = "raytrain"  # in a Ray job's metadata: the job is raytrain's (its version)
 
 
 def normalize_address(address: str) -> str:

@@ -2,6 +2,8 @@
 `kind: kuberay` profile). Nothing here imports the kubernetes client."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from raytrain.clusters.base import Cluster, ClusterOptions
 from raytrain.clusters.profiles import K8sProfile, LocalProfile, default_k8s_profile, load_cluster_profile
 from raytrain.errors import ConfigError
@@ -14,7 +16,8 @@ LOCAL_ONLY = {
 }
 
 
-def make_cluster(options: ClusterOptions) -> Cluster:
+def make_cluster(options: ClusterOptions, local_jobs: Callable[[], list[Any]] | None = None) -> Cluster:
+    """``local_jobs``: lists the local cluster's jobs (the caller's Target; clusters never import targets)."""
     profile = load_cluster_profile(options.profile) if options.profile else None
     if not (options.k8s or isinstance(profile, K8sProfile)):
         for name, flag in K8S_ONLY.items():
@@ -22,7 +25,7 @@ def make_cluster(options: ClusterOptions) -> Cluster:
                 raise ConfigError(f"{flag} is a Kubernetes option: add --k8s", flag=flag)
         from raytrain.clusters.local import LocalRayCluster
 
-        return LocalRayCluster(options, profile or LocalProfile())
+        return LocalRayCluster(options, profile or LocalProfile(), local_jobs)
     for name, flag in LOCAL_ONLY.items():
         if getattr(options, name) is not None:
             raise ConfigError(f"{flag} is for the local cluster; a RayCluster's size comes from --profile", flag=flag)

@@ -2,7 +2,7 @@
 (joined_node) of this RAYTRAIN_HOME."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from raytrain.clusters import joined_node, local_head, ray_process, ray_status
 from raytrain.clusters.base import Cluster, ClusterOptions
@@ -13,9 +13,11 @@ from raytrain.errors import ClusterError
 class LocalRayCluster(Cluster):
     kind = "local"
 
-    def __init__(self, options: ClusterOptions, profile: LocalProfile):
+    def __init__(self, options: ClusterOptions, profile: LocalProfile,
+                 list_jobs: Callable[[], list[Any]] | None = None):
         self.options = options
         self.profile = profile
+        self.list_jobs = list_jobs or (lambda: [])  # JobInfos of the cluster's jobs (given by the caller)
 
     def settings(self) -> dict[str, Any]:
         """`cluster up` flags over a `kind: local` profile over the defaults."""
@@ -45,8 +47,6 @@ class LocalRayCluster(Cluster):
 
     def status(self) -> dict[str, Any]:
         """Nodes (CPUs, GPUs, memory, the jobs whose Ray Train workers run there) and running jobs."""
-        from raytrain.targets.local import LocalTarget
-
         c = local_head.current()
         if c is None:
             return {"running": False}
@@ -54,7 +54,7 @@ class LocalRayCluster(Cluster):
         nodes = ray_status.nodes_of(dash.node_summaries())
         # node["workers"]: the jobs whose Ray Train workers run there (None: the state API did not answer)
         workers_error = ray_status.add_worker_placement(dash, nodes)
-        jobs = [j.to_dict() for j in LocalTarget().list() if not j.state.terminal]
+        jobs = [j.to_dict() for j in self.list_jobs() if not j.state.terminal]
         return {
             "running": True,
             "dashboard": c.dashboard_url,
@@ -72,12 +72,10 @@ class LocalRayCluster(Cluster):
         }
 
     def jobs_in_use(self) -> list[str]:
-        from raytrain.targets.local import LocalTarget
-
         if local_head.current() is None:
             return []
         try:
-            infos = LocalTarget(auto_start=False).list()
+            infos = self.list_jobs()
         except ClusterError:
             return []  # the head does not answer: nothing can be asked, `down` stops its process
         return [f"{i.job_id} ({i.name}, {i.state.value})" for i in infos if not i.state.terminal]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from raytrain.targets.ray_jobs import METADATA_KEY
+from raytrain.clusters.dashboard import METADATA_KEY
 
 WORKER_CLASS = "RayTrainWorker"
 JOBS_PATH = "/api/jobs/"

@@ -11,7 +11,7 @@ from typing import Callable
 import raytrain
 from raytrain import events, placement
 from raytrain.capacity import Node
-from raytrain.clusters.dashboard import Dashboard, token_headers, user_token
+from raytrain.clusters.dashboard import METADATA_KEY, Dashboard, token_headers, user_token
 from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError, RaytrainError
 from raytrain.events import JobFacts
@@ -29,7 +29,6 @@ from raytrain.targets.base import (
     shipped_plan,
 )
 
-METADATA_KEY = "raytrain"
 
 
 class LastWord:

@@ -3,7 +3,7 @@ import io
 
 from rich.console import Console
 
-from raytrain.cli.log_filter import LogFilter, wants_color
+from raytrain.log_filter import LogFilter, wants_color
 from raytrain.cli.progress import ProgressPrinter, memory_summary
 from raytrain.events import JobFacts
 
