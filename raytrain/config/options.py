@@ -34,6 +34,16 @@ PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREA
 # reads it; that stdlib-only script spells the name itself) and the values it takes
 CPU_ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"
 CPU_ALLOCATORS = ("jemalloc", "glibc")
+# RAYTRAIN_* is raytrain's own prefix: --env may set only these documented switches of the job's runtime; the
+# rest (RAYTRAIN_PLAN, RAYTRAIN_RUN_NAME, RAYTRAIN_JOB_CODE (a folder the driver deletes), ...) raytrain sets.
+ENV_PREFIX = "RAYTRAIN_"
+USER_ENV_SWITCHES = (
+    CPU_ALLOCATOR_VAR, "RAYTRAIN_LOCAL_UPLOAD", "RAYTRAIN_HIDE_UNUSED_IMPORTS", "RAYTRAIN_LAZY_TORCH",
+    "RAYTRAIN_LEAN_TRAINER", "RAYTRAIN_PG_CLEANER", "RAYTRAIN_AUTOSCALING_COORDINATOR", "RAYTRAIN_EARLY_IMPORTS",
+    "RAYTRAIN_GC_FREEZE", "RAYTRAIN_PRESTART", "RAYTRAIN_PROMPT_POLL", "RAYTRAIN_PROMPT_POLL_S",
+    "RAYTRAIN_PROMPT_WINDOW_S", "RAYTRAIN_BIND_CORES", "RAYTRAIN_DS_SHM_COMM", "RAYTRAIN_MONITOR_INTERVAL_S",
+    "RAYTRAIN_HF_LOG_EVERY_STEPS", "RAYTRAIN_TRAIN_LOG_LEVEL",
+)
 PP_PARTITIONS = ("parameters", "uniform")  # or "type:REGEX"
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 
@@ -177,6 +187,10 @@ class Options:
         "Log every report, memory, the config and a summary to a tracker from rank 0 (repeatable): "
         "tensorboard and mlflow write under the run's storage by default; wandb honours its own env.",
         metavar="NAME", choices=TRACKERS, multiple=True, from_flag=parse_trackers, default_factory=list,
+    )
+    track_args: bool | None = option(
+        "Also log the job's arguments (after --; secret-named values masked) as --track params. Default: left out.",
+        switch=True, default=False,
     )
     mlflow_uri: str | None = option(
         "MLflow tracking server for --track mlflow (default: an SQLite store under the run's storage).", metavar="URI"
