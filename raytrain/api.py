@@ -202,8 +202,21 @@ def status(job_id: str, target: Target | None = None, storage: str | None = None
     except ClusterError as exc:
         folder = record_of(job_id, storage)
         if folder is None:
-            raise
+            raise no_record(job_id, storage, target, exc) from None
         return run_record.job_info(job_id, folder, why=str(exc))
+
+
+def no_record(job_id: str, storage: str | None, target: Target, exc: Exception | None = None) -> ClusterError:
+    """What `jobs status|metrics|plot|logs --rank` say for a job neither its record nor its cluster knows:
+    where the record was looked for, and why the cluster could not tell (not running, or its own answer)."""
+    from raytrain import paths
+
+    why = "the cluster is not running" if not target.running() else (
+        f"the cluster does not know it ({exc})" if exc is not None else "the cluster does not know it")
+    return ClusterError(
+        f"{job_id}: no record of it in {storage or paths.default_storage()} and {why}; give the run's --storage "
+        "if it used another"
+    )
 
 
 def record_of(job_id: str, storage: str | None = None) -> Path | None:

@@ -26,7 +26,7 @@ _TOKEN_FORMS = re.compile(
     r"\b(hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|sk-[A-Za-z0-9_-]{20,}"
     r"|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16})\b"
 )
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"']+")
 
 
 def _words(name: str) -> list[str]:
