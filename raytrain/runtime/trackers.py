@@ -62,7 +62,13 @@ def resumed_run_dirs(plan: Any) -> list[Path]:
     candidates = [Path(plan.resume).expanduser()]
     if plan.storage and not os.path.isabs(plan.resume):
         candidates.append(Path(plan.storage).expanduser() / plan.resume)
-    return [p if (p / "raytrain").is_dir() else p.parent for p in candidates]
+    found = []
+    for p in candidates:  # a run folder (it has a record), or a checkpoint folder in one
+        if (p / "raytrain").is_dir():
+            found.append(p)
+        elif p.is_dir() and (p.parent / "raytrain").is_dir():
+            found.append(p.parent)
+    return found
 
 
 class State:
