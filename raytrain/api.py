@@ -202,20 +202,20 @@ def status(job_id: str, target: Target | None = None, storage: str | None = None
     except ClusterError as exc:
         folder = record_of(job_id, storage)
         if folder is None:
-            raise no_record(job_id, storage, target, exc) from None
+            if not target.running():  # nothing to ask: say where the record was looked for
+                raise no_record(job_id, storage) from None
+            raise
         return run_record.job_info(job_id, folder, why=str(exc))
 
 
-def no_record(job_id: str, storage: str | None, target: Target, exc: Exception | None = None) -> ClusterError:
-    """What `jobs status|metrics|plot|logs --rank` say for a job neither its record nor its cluster knows:
-    where the record was looked for, and why the cluster could not tell (not running, or its own answer)."""
+def no_record(job_id: str, storage: str | None) -> ClusterError:
+    """What `jobs status` and `jobs metrics|plot` say for a job with no record while its cluster is not
+    running: where the record was looked for, and what to give instead."""
     from raytrain import paths
 
-    why = "the cluster is not running" if not target.running() else (
-        f"the cluster does not know it ({exc})" if exc is not None else "the cluster does not know it")
     return ClusterError(
-        f"{job_id}: no record of it in {storage or paths.default_storage()} and {why}; give the run's --storage "
-        "if it used another"
+        f"{job_id}: no record of it in {storage or paths.default_storage()} and the cluster is not running; give "
+        "the run's --storage if it used another"
     )
 
 

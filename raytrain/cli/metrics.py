@@ -25,7 +25,7 @@ def load_run(job_id: str, storage: str | None, address: str | None, k8s: dict) -
         return from_lines(job_id, run_record.read_lines(folder))
     target = _target(address, k8s)
     if not target.running():
-        raise api.no_record(job_id, storage, target)
+        raise api.no_record(job_id, storage)
     return from_lines(job_id, target.logs(job_id).splitlines())
 
 
