@@ -202,8 +202,21 @@ def status(job_id: str, target: Target | None = None, storage: str | None = None
     except ClusterError as exc:
         folder = record_of(job_id, storage)
         if folder is None:
+            if not target.running():  # nothing to ask: say where the record was looked for
+                raise no_record(job_id, storage) from None
             raise
         return run_record.job_info(job_id, folder, why=str(exc))
+
+
+def no_record(job_id: str, storage: str | None) -> ClusterError:
+    """What `jobs status` and `jobs metrics|plot` say for a job with no record while its cluster is not
+    running: where the record was looked for, and what to give instead."""
+    from raytrain import paths
+
+    return ClusterError(
+        f"{job_id}: no record of it in {storage or paths.default_storage()} and the cluster is not running; give "
+        "the run's --storage if it used another"
+    )
 
 
 def record_of(job_id: str, storage: str | None = None) -> Path | None:

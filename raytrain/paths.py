@@ -10,10 +10,11 @@ from raytrain.errors import UnsafePath
 
 
 def home() -> Path:
-    """``$RAYTRAIN_HOME`` or ``~/.raytrain``; created on first use with owner-only permissions."""
+    """``$RAYTRAIN_HOME`` or ``~/.raytrain``; created on first use with owner-only permissions, and checked as
+    the temp folders are (:func:`private_dir`): it holds the local cluster's auth token and the job-code copies
+    the driver runs from and deletes."""
     path = Path(settings.get("RAYTRAIN_HOME") or Path.home() / ".raytrain").expanduser()
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    return private_dir(path, variable="RAYTRAIN_HOME")
 
 
 def default_storage() -> Path:
@@ -42,7 +43,7 @@ def _foreign_entry(root: Path) -> tuple[str, int] | None:
     return None
 
 
-def private_dir(path: str | os.PathLike) -> Path:
+def private_dir(path: str | os.PathLike, *, variable: str = "RAYTRAIN_RAY_TEMP_DIR") -> Path:
     """``path`` as a folder only this user can write: created with mode 0700 when missing; an existing one
     must be a real folder (not a symlink) owned by this user; one that group or others can write is made 0700
     if nothing in it belongs to another user. A shared /tmp lets anyone create ``/tmp/raytrain-UID`` first;
@@ -75,6 +76,59 @@ def private_dir(path: str | os.PathLike) -> Path:
     if problem:
         raise UnsafePath(
             f"{path} {problem}: another user could control what raytrain runs or reads there; remove it "
-            f"(rm -rf {path}), or point RAYTRAIN_RAY_TEMP_DIR at a folder of your own"
+            f"(rm -rf {path}), or point {variable} at a folder of your own"
         )
     return path
+
+
+# A run's record (events, rank logs) and its trackers' files on a shared --storage hold the job's whole output:
+# only the job's user may read them. These two create them so, whatever the umask.
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def private_mkdir(path: str | os.PathLike) -> Path:
+    """``path`` as a folder: missing folders (``path`` and its missing parents) are created 0700; ``path``
+    itself, when it is ours, is made 0700 (a record folder an older raytrain made with the umask's mode)."""
+    path = Path(path)
+    missing = []
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(folder, PRIVATE_DIR_MODE)  # mkdir's mode went through the umask
+    try:
+        info = os.stat(path)
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != PRIVATE_DIR_MODE:
+            os.chmod(path, PRIVATE_DIR_MODE)
+    except OSError:
+        pass
+    return path
+
+
+def private_open(path: str | os.PathLike, mode: str = "a", **kwargs):
+    """``open(path, mode)`` ("a", "w", "ab", "wb") for a file only its owner may read: created 0600; an
+    existing file of ours is made 0600."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE_MODE)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != PRIVATE_FILE_MODE:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    except OSError:
+        pass
+    return os.fdopen(fd, mode, **kwargs)
+
+
+def private_write(path: str | os.PathLike, text: str) -> None:
+    """Replace ``path``'s content with ``text`` at once (a temporary file of mode 0600, renamed)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with private_open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -4,11 +4,12 @@ the job's log holds. `jobs metrics|plot|compare` read it, falling back to the jo
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raytrain import settings
+from raytrain import paths, settings
 from raytrain.storage import is_uri
 
 if TYPE_CHECKING:
@@ -32,10 +33,11 @@ def start(storage: str | None, run_name: str, who: str) -> str | None:
     if folder is None:
         return None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        paths.private_mkdir(folder)
+        path = str(folder / f"events-{who}.log")
+        paths.private_open(path, "a").close()  # 0600: the events append to it as it is
     except OSError:
         return None
-    path = str(folder / f"events-{who}.log")
     events.record_to(path)
     return path
 
@@ -173,15 +175,70 @@ def find(job_id: str, storages: list[str | None]) -> Path | None:
     return None
 
 
-def inherit_trackers(checkpoint: str, storage: str | None, run_name: str) -> bool:
+_TRACKER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _under(path: str, roots: list[Path]) -> bool:
+    try:
+        resolved = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return any(resolved == r or r in resolved.parents for r in (root.expanduser().resolve() for root in roots))
+
+
+def trusted_trackers(data: object, run_dirs: list[Path], mlflow_uri: str | None) -> tuple[dict, list[str]]:
+    """A trackers.json's entries that may be used: whoever can write the storage can write that file, so a
+    tracker's folder (TensorBoard) or store (MLflow's SQLite) must lie under one of ``run_dirs`` (the run's
+    own folder; on --resume the one it continues), its MLflow server must be the plan's ``mlflow_uri`` and its
+    ids plain ids. Returns (the entries kept, a line for each one left out)."""
+    kept: dict = {}
+    dropped: list[str] = []
+    for name, entry in (data.items() if isinstance(data, dict) else ()):
+        problem = None
+        if name not in ("tensorboard", "mlflow", "wandb") or not isinstance(entry, dict):
+            problem = "not a tracker raytrain writes"
+        elif not isinstance(entry.get("last_step", 0), int) or isinstance(entry.get("last_step", 0), bool):
+            problem = f"last_step {entry.get('last_step')!r} is not a step"
+        elif name == "tensorboard" and "dir" in entry and not (
+                isinstance(entry["dir"], str) and _under(entry["dir"], run_dirs)):
+            problem = f"its folder {entry['dir']!r} is outside the run's folder"
+        elif name == "mlflow" and "uri" in entry:
+            uri = entry["uri"]
+            if mlflow_uri:
+                ok = uri == mlflow_uri
+            else:
+                ok = isinstance(uri, str) and uri.startswith("sqlite:///") and _under(uri[len("sqlite:///"):], run_dirs)
+            if not ok:
+                problem = "its tracking URI is not this run's (--mlflow-uri, or the SQLite store in the run's folder)"
+        if problem is None:
+            for key in ("run_id", "id"):
+                if key in entry and not (isinstance(entry[key], str) and _TRACKER_ID.match(entry[key])):
+                    problem = f"its {key} is not an id"
+        if problem:
+            dropped.append(f"{name}: {problem}")
+        else:
+            kept[name] = entry
+    return kept, dropped
+
+
+def inherit_trackers(checkpoint: str, storage: str | None, run_name: str, mlflow_uri: str | None = None) -> bool:
     """``--resume``: the new run continues the tracker runs of the run ``checkpoint`` belongs to (its
-    trackers.json, copied once). True if there was one to copy."""
-    source = Path(checkpoint).parent / FOLDER / "trackers.json"
+    trackers.json, copied once: only the entries :func:`trusted_trackers` accepts for that run's folder and
+    ``mlflow_uri``). True if there was one to copy."""
+    import json
+
+    source_run = Path(checkpoint).parent
+    source = source_run / FOLDER / "trackers.json"
     folder = record_dir(storage, run_name)
     if folder is None or not source.is_file() or (folder / "trackers.json").exists():
         return False
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "trackers.json").write_text(source.read_text())
+    try:
+        data = json.loads(source.read_text())
+    except ValueError:
+        return False
+    kept, _ = trusted_trackers(data, [source_run], mlflow_uri)
+    paths.private_mkdir(folder)
+    paths.private_write(folder / "trackers.json", json.dumps(kept, sort_keys=True))
     return True
 
 

@@ -114,9 +114,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("CLIENT_TIMINGS", "json", None, "internal", "job", "the CLI's timings before the submit (`--timings`)"),
     _s("WORKER_IMPORTS", "text", "", "internal", "job", "modules a worker process imports as it starts"),
     _s("WORKER_GPU", "switch", False, "internal", "job", "the workers use GPUs"),
-    _s("PG_CLEANER", "switch", True, "internal", "job", "0 (the local target sets it): no per-run "
+    _s("PG_CLEANER", "switch", True, "ray-tuning", "job", "0 (the local target sets it): no per-run "
        "placement-group cleaner actor", shown="0 on the local cluster, else 1"),
-    _s("AUTOSCALING_COORDINATOR", "switch", True, "internal", "job", "0 (the local target sets it): no Ray "
+    _s("AUTOSCALING_COORDINATOR", "switch", True, "ray-tuning", "job", "0 (the local target sets it): no Ray "
        "Train `AutoscalingCoordinator` for a fixed-size run", shown="0 on the local cluster, else 1"),
     # -- Ray tunings: each one's stock-Ray behaviour back
     _s("QUIET_HEAD", "switch", True, "ray-tuning", "cluster up", "0: Ray's defaults for every quieter-head "
@@ -146,6 +146,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("TEST_MN_PORT", "int", 6391, "tests", "pytest", "the GCS port of the two-node cluster `tests/multinode` starts"),
     _s("TEST_MN_DASHBOARD_PORT", "int", 8276, "tests", "pytest", "its dashboard port"),
 ]}
+
+
+def job_settings() -> tuple[str, ...]:
+    """The variables a job may be given with ``--env``: users' and the Ray tunings' that the job reads."""
+    return tuple(s.name for s in SETTINGS.values() if s.audience in ("user", "ray-tuning") and "job" in s.applies)
 
 
 def setting(name: str) -> Setting:

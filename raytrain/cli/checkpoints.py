@@ -3,6 +3,7 @@ model folder)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from rich.table import Table
 from raytrain import paths
 from raytrain.checkpoints import hf_content
 from raytrain.checkpoints import store
-from raytrain.cli.common import complete_job_id, handle_errors, print_json, print_table
+from raytrain.cli.common import FINITE_FLOAT, complete_job_id, handle_errors, print_json, print_table
 from raytrain.errors import ConfigError, RaytrainError
 
 storage_option = click.option(
@@ -90,6 +91,57 @@ def check_hf_options(fmt: str, dtype: str | None, merge_adapter: bool, max_shard
             raise ConfigError(f"{flag}: only with --format hf (the .pt export is an fp32 state_dict)", flag=flag)
 
 
+SHARD_SIZE_RE = re.compile(r"[1-9][0-9]*(?:[KMG]i?B)", re.IGNORECASE)
+# What a --format hf export holds: Hugging Face's model, adapter and tokenizer files, and base/ (a PEFT run's).
+EXPORT_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".md", ".jinja", ".tiktoken")
+
+
+def check_shard_size(max_shard_size: str | None) -> None:
+    """--max-shard-size as Hugging Face's save_pretrained reads it: a whole number and a unit."""
+    if max_shard_size is not None and not SHARD_SIZE_RE.fullmatch(max_shard_size):
+        raise ConfigError(
+            f"--max-shard-size {max_shard_size}: use a whole number and a unit, e.g. 500MB, 2GB or 1GiB "
+            f"(KB, MB, GB, KiB, MiB, GiB; default {DEFAULT_SHARD_SIZE})", flag="--max-shard-size",
+        )
+
+
+def is_previous_export(folder: Path) -> bool:
+    """``folder`` holds nothing but what a --format hf export writes (an empty folder too): the folder
+    ``--force`` may replace. Anything else (``--out ~/project``) would be deleted with it."""
+    entries = list(folder.iterdir())
+    if not entries:
+        return True
+    names = {e.name for e in entries}
+    if not names & {"config.json", "adapter_config.json"}:
+        return False
+    for entry in entries:
+        if entry.is_symlink():
+            return False
+        if entry.is_dir():
+            if entry.name != "base" or not is_previous_export(entry):
+                return False
+        elif not entry.name.endswith(EXPORT_SUFFIXES):
+            return False
+    return True
+
+
+def check_out(out: str, fmt: str, force: bool) -> None:
+    """--out: an existing file or folder only with --force, and then only what this export may replace."""
+    path = Path(out)
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not force:
+        raise ConfigError(f"--out {out}: the file exists; give --force to replace it, or another path", flag="--out")
+    if fmt == "pt" and path.is_dir():
+        raise ConfigError(f"--out {out}: a folder; the .pt export writes a file (or give --format hf)", flag="--out")
+    if fmt == "hf" and (path.is_symlink() or not path.is_dir() or not is_previous_export(path)):
+        raise ConfigError(
+            f"--out {out}: {'not a folder' if not path.is_dir() or path.is_symlink() else 'a folder with files a Hugging Face export does not write'}; "
+            "--force replaces (deletes) only an earlier --format hf export or an empty folder: give a new path",
+            flag="--out",
+        )
+
+
 def check_hf_checkpoint(path: str, merge_adapter: bool) -> None:
     """The checkpoint holds a Hugging Face model (a train(ctx) run's description, or a Trainer checkpoint's
     config and weights or adapter), and an adapter for --merge-adapter."""
@@ -129,7 +181,7 @@ def _describe_export(result: dict, out: str, ckpt_path: str) -> str:
 @click.option("--merge-adapter", is_flag=True, help="--format hf, a LoRA/PEFT run: merge the adapter into the weights.")
 @click.option("--max-shard-size", help=f"--format hf: the largest safetensors shard (default {DEFAULT_SHARD_SIZE}).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
-@click.option("--timeout", "timeout_s", type=float, default=EXPORT_TIMEOUT_S, show_default=True, metavar="SECONDS",
+@click.option("--timeout", "timeout_s", type=FINITE_FLOAT, default=EXPORT_TIMEOUT_S, show_default=True, metavar="SECONDS",
               help="Give up when the export takes longer.")
 @storage_option
 @click.option("--json", "as_json", is_flag=True)
@@ -142,11 +194,10 @@ def export(checkpoint, out, fmt, dtype, merge_adapter, max_shard_size, force, ti
     CHECKPOINT is a checkpoint directory, or a run (its latest complete checkpoint). The file or folder is
     written whole or not at all (a temporary one renamed into place).
     """
+    # every option first (as Click does for types), then the files
     check_hf_options(fmt, dtype, merge_adapter, max_shard_size)
-    if Path(out).exists() and not force:
-        raise ConfigError(f"--out {out}: the file exists; give --force to replace it, or another path", flag="--out")
-    if fmt == "pt" and Path(out).is_dir():
-        raise ConfigError(f"--out {out}: a folder; the .pt export writes a file (or give --format hf)", flag="--out")
+    check_shard_size(max_shard_size)
+    check_out(out, fmt, force)
     ckpt = store.resolve_resume(checkpoint, storage or str(paths.default_storage()), flag="CHECKPOINT")
     if fmt == "hf":
         check_hf_checkpoint(ckpt.path, merge_adapter)

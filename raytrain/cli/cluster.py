@@ -8,8 +8,7 @@ import click
 from rich.table import Table
 
 from raytrain.cli.cluster_join import join
-from raytrain.cli.common import handle_errors, k8s_connection_options, output_console, print_json, print_table, with_options
-from raytrain.clusters import local_head
+from raytrain.cli.common import FINITE_FLOAT, handle_errors, k8s_connection_options, output_console, print_json, print_table, with_options
 from raytrain.clusters.base import ClusterOptions
 from raytrain.clusters.factory import make_cluster
 from raytrain.errors import ClusterError
@@ -49,8 +48,8 @@ def cluster():
 
 
 @cluster.command()
-@click.option("--num-cpus", type=float, help="CPUs the cluster offers (default: all).")
-@click.option("--num-gpus", type=float, help="GPUs the cluster offers (default: all visible).")
+@click.option("--num-cpus", type=FINITE_FLOAT, help="CPUs the cluster offers (default: all).")
+@click.option("--num-gpus", type=FINITE_FLOAT, help="GPUs the cluster offers (default: all visible).")
 @click.option("--port", type=int, help="GCS port (default 6379, or $RAYTRAIN_PORT).")
 @click.option("--dashboard-port", type=int, help="Default 8265, or $RAYTRAIN_DASHBOARD_PORT.")
 @click.option("--node-ip", help="This machine's address for Ray (other machines join via it). Default: every Ray "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from raytrain.cli.common import handle_errors
+from raytrain.cli.common import FINITE_FLOAT, handle_errors
 from raytrain.clusters import joined_node, ray_process
 from raytrain.errors import ConfigError
 
@@ -11,12 +11,12 @@ from raytrain.errors import ConfigError
 @click.command()
 @click.argument("gcs_address")
 @click.option("--token-file", required=True, help="A copy of the head's auth token (`cluster up` prints its path).")
-@click.option("--num-cpus", type=float, help="CPUs this node offers (default: all).")
-@click.option("--num-gpus", type=float, help="GPUs this node offers (default: all visible).")
+@click.option("--num-cpus", type=FINITE_FLOAT, help="CPUs this node offers (default: all).")
+@click.option("--num-gpus", type=FINITE_FLOAT, help="GPUs this node offers (default: all visible).")
 @click.option("--node-ip", help="This machine's address for Ray (default: the one that routes to the head).")
 @click.option("--resources", "resources_json", help='Custom resources of this node as JSON: \'{"node_b": 1}\'.')
 @click.option(
-    "--timeout", "timeout_s", type=float, default=joined_node.JOIN_TIMEOUT_S, show_default=True,
+    "--timeout", "timeout_s", type=FINITE_FLOAT, default=joined_node.JOIN_TIMEOUT_S, show_default=True,
     help="Seconds to wait until the head lists this node.",
 )
 @handle_errors

@@ -3,12 +3,29 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from typing import Any, Callable
 
 import click
 
 from raytrain.errors import RaytrainError
+
+
+class FiniteFloat(click.ParamType):
+    """A number option: Click's float, but nan and inf are refused (``--grad-clip nan`` would turn clipping
+    off or poison it; a timeout of inf never ends). Every float option of the CLI uses it."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number; give a number such as 1.0", param, ctx)
+        return number
+
+
+FINITE_FLOAT = FiniteFloat()
 
 
 def handle_errors(fn: Callable) -> Callable:

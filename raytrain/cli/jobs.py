@@ -96,13 +96,15 @@ def list_jobs(address, as_json, last, **k8s):
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--timings", "show_timings", is_flag=True,
               help="Where the time went from the command's start to step 1, phase by phase.")
+@click.option("--storage", metavar="PATH",
+              help="The run's storage, where it was not the default (the local cluster's runs folder).")
 @target_options
 @handle_errors
-def status(job_id, address, as_json, show_timings, **k8s):
+def status(job_id, address, as_json, show_timings, storage, **k8s):
     """State, last metrics and outcome of one job (from the run's record once its cluster has forgotten it)."""
     from raytrain import api
 
-    info = api.status(job_id, _target(address, k8s))
+    info = api.status(job_id, _target(address, k8s), storage)
     rows = timings.timeline(info.facts.timings if info.facts else [], info.start_time) if show_timings else None
     if as_json:
         out = info.to_dict()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from raytrain import paths, run_record
+from raytrain import run_record
 from raytrain.cli.common import address_option, complete_job_id, handle_errors, print_json
 from raytrain.cli.jobs import _target, target_options
-from raytrain.errors import ClusterError, ConfigError
+from raytrain.errors import ConfigError
 from raytrain.run_metrics import RunMetrics, from_lines
 
 storage_option = click.option(
@@ -25,10 +25,7 @@ def load_run(job_id: str, storage: str | None, address: str | None, k8s: dict) -
         return from_lines(job_id, run_record.read_lines(folder))
     target = _target(address, k8s)
     if not target.running():
-        raise ClusterError(
-            f"{job_id}: no record in {storage or paths.default_storage()} and the cluster is not running; "
-            "give the run's --storage"
-        )
+        raise api.no_record(job_id, storage)
     return from_lines(job_id, target.logs(job_id).splitlines())
 
 

@@ -5,11 +5,11 @@ from typing import Any, Callable
 
 import click
 
-from raytrain.cli.common import address_option
+from raytrain.cli.common import FINITE_FLOAT, address_option
 from raytrain.config.options import SPECS, Options, OptionSpec, flag_of, help_of
 from raytrain.config.profile import load_profile
 
-_CLICK_TYPES = {int: click.INT, float: click.FLOAT, bool: click.BOOL, "path": click.Path()}
+_CLICK_TYPES = {int: click.INT, float: FINITE_FLOAT, bool: click.BOOL, "path": click.Path()}
 
 config_option = click.option(  # the profile itself: not an Options field
     "--config", type=click.Path(), help="YAML/TOML profile with the same keys; flags win."

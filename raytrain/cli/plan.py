@@ -12,7 +12,7 @@ import click
 from rich import box
 from rich.table import Table
 
-from raytrain.cli.common import handle_errors, output_console, print_json, print_table
+from raytrain.cli.common import FINITE_FLOAT, handle_errors, output_console, print_json, print_table
 from raytrain.errors import ConfigError
 from raytrain.planner import memory, search
 from raytrain.planner.shape import check_shape_numbers, shape_from_numbers
@@ -235,7 +235,7 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
 @click.option("--gpus-per-node", type=int, help="Default: min(gpus, 8).")
 @click.option("--gpu-memory", help="Memory per GPU: 80GB, 80GiB. Default: the local GPU's.")
 @click.option("--cpu-memory", help="CPU memory per node, to check offload candidates (e.g. 512GB).")
-@click.option("--margin", type=float, default=search.DEFAULT_MARGIN, show_default=True,
+@click.option("--margin", type=FINITE_FLOAT, default=search.DEFAULT_MARGIN, show_default=True,
               help="Fraction of GPU memory kept free.")
 @click.option("--zero", multiple=True, help="Only these ZeRO stages (repeat or 1,2).")
 @click.option("--offload", multiple=True, help="Only these offloads: none, optimizer, all (parameters too).")

@@ -1,8 +1,6 @@
 """`raytrain submit JOB.py [options] [-- JOB_ARGS...]`"""
 from __future__ import annotations
 
-import dataclasses
-
 import sys
 
 import click
@@ -14,7 +12,6 @@ from raytrain.cli.options import options_from_flags, submit_options
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
 from raytrain.config.options import Options
 from raytrain.targets.factory import TargetOptions, make_target
-from raytrain.targets.base import MASK
 
 
 def _target_flags(target) -> str:
@@ -116,8 +113,11 @@ def _dry_run_summary(request, plan) -> dict:
 def _print_dry_run(request, as_json: bool) -> None:
     """The exact request: in the target's own format (Kubernetes manifests) where it has one. Shown, not
     sent: the values of --env are masked (secrets on a shared screen or in CI logs)."""
+    from raytrain import redact
+    from raytrain.config.plan import Plan
+
     request = request.masked()
-    plan = dataclasses.replace(request.plan, env={k: MASK for k in request.plan.env})
+    plan = Plan.from_dict(redact.plan_dict(request.plan.to_dict()))
     if request.to_text() is not None:
         if as_json:
             print_json({**request.to_dict(), "deepspeed": plan.deepspeed, "plan": plan.to_dict()})

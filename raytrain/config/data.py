@@ -12,6 +12,7 @@ import glob as globlib
 import re
 from pathlib import Path
 
+from raytrain import redact
 from raytrain.errors import ConfigError
 
 FORMATS = ("json", "parquet", "csv", "text", "hf")
@@ -27,12 +28,12 @@ def parse_data_pairs(pairs: tuple[str, ...] | list[str] | dict) -> dict[str, str
     data: dict[str, str] = {}
     for pair in pairs or ():
         name, sep, path = str(pair).partition("=")
-        if not sep:  # a bare PATH is the training set
+        if not sep or "/" in name or ":" in name:  # a bare PATH (a URI's query may hold '=') is the training set
             name, path = "train", str(pair)
         if not name or not path:
-            raise ConfigError(f"--data {pair}: expected NAME=PATH, e.g. --data train=corpus.jsonl", flag="--data")
+            raise ConfigError(f"--data {redact.text(pair)}: expected NAME=PATH, e.g. --data train=corpus.jsonl", flag="--data")
         if name in data:
-            raise ConfigError(f"--data {pair}: dataset {name!r} given twice", flag="--data")
+            raise ConfigError(f"--data {redact.text(pair)}: dataset {name!r} given twice", flag="--data")
         data[name] = path
     return data
 
@@ -48,12 +49,12 @@ def _format_of_files(spec: str, files: list[str]) -> str:
         if not formats:
             suffixes = sorted({Path(f).suffix or "(none)" for f in files})[:5]
             raise ConfigError(
-                f"--data {spec}: unknown format (extensions {', '.join(suffixes)}); give --data-format "
+                f"--data {redact.text(spec)}: unknown format (extensions {', '.join(suffixes)}); give --data-format "
                 f"{'|'.join(FORMATS)}", flag="--data-format",
             )
     if len(formats) > 1:
         raise ConfigError(
-            f"--data {spec}: ambiguous format (files of {', '.join(sorted(formats))}); keep one format per "
+            f"--data {redact.text(spec)}: ambiguous format (files of {', '.join(sorted(formats))}); keep one format per "
             f"dataset or give --data-format", flag="--data-format",
         )
     return formats.pop()
@@ -63,10 +64,12 @@ def detect_format(name: str, path: str) -> str:
     """The format of ``path`` from what it is (checked where the CLI can see it)."""
     spec = f"{name}={path}"
     if is_uri(path):
-        fmt = EXTENSIONS.get(Path(path.rstrip("/")).suffix.lower())
+        from urllib.parse import urlsplit
+
+        fmt = EXTENSIONS.get(Path(urlsplit(path).path.rstrip("/")).suffix.lower())  # a signed URL's query aside
         if fmt is None:
             raise ConfigError(
-                f"--data {spec}: cannot tell the format of a URI without an extension; give --data-format "
+                f"--data {redact.text(spec)}: cannot tell the format of a URI without an extension; give --data-format "
                 f"{'|'.join(FORMATS)}", flag="--data-format",
             )
         return fmt
@@ -74,7 +77,7 @@ def detect_format(name: str, path: str) -> str:
     if any(ch in path for ch in "*?["):
         files = [f for f in globlib.glob(path, recursive=True) if Path(f).is_file()]
         if not files:
-            raise ConfigError(f"--data {spec}: no file matches the pattern", flag="--data")
+            raise ConfigError(f"--data {redact.text(spec)}: no file matches the pattern", flag="--data")
         return _format_of_files(spec, files)
     if p.is_file():
         return _format_of_files(spec, [path])
@@ -83,10 +86,10 @@ def detect_format(name: str, path: str) -> str:
             return "hf"
         files = [str(f) for f in p.rglob("*") if f.is_file()]
         if not files:
-            raise ConfigError(f"--data {spec}: the folder is empty", flag="--data")
+            raise ConfigError(f"--data {redact.text(spec)}: the folder is empty", flag="--data")
         return _format_of_files(spec, files)
     raise ConfigError(
-        f"--data {spec}: no such file or folder; give an existing path, a glob, or a URI the cluster can read "
+        f"--data {redact.text(spec)}: no such file or folder; give an existing path, a glob, or a URI the cluster can read "
         "(s3://, gs://, a shared file system)", flag="--data",
     )
 
@@ -101,13 +104,13 @@ def resolve_data(data: dict[str, str] | None, data_format: str | None) -> list[d
     for name, path in (data or {}).items():
         if not NAME_RE.match(name):
             raise ConfigError(
-                f"--data {name}={path}: name {name!r} must be a word (letters, digits, '_' or '-'), e.g. train",
+                f"--data {name}={redact.text(path)}: name {name!r} must be a word (letters, digits, '_' or '-'), e.g. train",
                 flag="--data",
             )
         fmt = data_format or detect_format(name, path)
         if not is_uri(path) and not any(ch in path for ch in "*?["):
             if not Path(path).exists():
-                raise ConfigError(f"--data {name}={path}: no such file or folder", flag="--data")
+                raise ConfigError(f"--data {name}={redact.text(path)}: no such file or folder", flag="--data")
             path = str(Path(path).resolve())
         elif not is_uri(path):
             path = str(Path(path).absolute())
@@ -151,4 +154,4 @@ def data_plan(datasets: list[dict[str, str]], *, preprocess: bool, prefetch: int
 
 def describe(datasets: list[dict[str, str]]) -> list[str]:
     """One line per dataset, for --dry-run."""
-    return [f"{d['name']}: {d['path']} ({d['format']})" for d in datasets]
+    return [f"{d['name']}: {redact.text(d['path'])} ({d['format']})" for d in datasets]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from raytrain.config.data import FORMATS, parse_data_pairs
+from raytrain import settings
 from raytrain.errors import ConfigError
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -34,6 +35,12 @@ PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREA
 # reads it; that stdlib-only script spells the name itself) and the values it takes
 CPU_ALLOCATOR_VAR = "RAYTRAIN_CPU_ALLOCATOR"
 CPU_ALLOCATORS = ("jemalloc", "glibc")
+# RAYTRAIN_* is raytrain's own prefix: --env may set only these documented switches of the job's runtime; the
+# rest (RAYTRAIN_PLAN, RAYTRAIN_RUN_NAME, RAYTRAIN_JOB_CODE (a folder the driver deletes), ...) raytrain sets.
+ENV_PREFIX = "RAYTRAIN_"
+# The RAYTRAIN_* variables a job may be given with --env (raytrain.settings declares them): every other
+# name with the prefix is raytrain's own
+USER_ENV_SWITCHES = settings.job_settings()
 PP_PARTITIONS = ("parameters", "uniform")  # or "type:REGEX"
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 
@@ -177,6 +184,10 @@ class Options:
         "Log every report, memory, the config and a summary to a tracker from rank 0 (repeatable): "
         "tensorboard and mlflow write under the run's storage by default; wandb honours its own env.",
         metavar="NAME", choices=TRACKERS, multiple=True, from_flag=parse_trackers, default_factory=list,
+    )
+    track_args: bool | None = option(
+        "Also log the job's arguments (after --; secret-named values masked) as --track params. Default: left out.",
+        switch=True, default=False,
     )
     mlflow_uri: str | None = option(
         "MLflow tracking server for --track mlflow (default: an SQLite store under the run's storage).", metavar="URI"

@@ -70,6 +70,7 @@ class Plan:
     script_defaults: dict[str, str] = field(default_factory=dict)
     track: list[str] = field(default_factory=list)  # --track: tensorboard, mlflow, wandb (rank 0 logs to each)
     mlflow_uri: str | None = None  # --mlflow-uri; None: a file store under the run's storage
+    track_args: bool = DEFAULTS["track_args"]  # --track-args: the job's arguments among the trackers' params
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,7 @@ nothing is converted (a quoted "no" is never read as a boolean, whichever way).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
@@ -39,14 +40,16 @@ def _is(value: Any, kind: type) -> bool:
         return isinstance(value, bool)
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:  # a whole number is a number too
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is float:  # a whole number is a number too; nan and inf are not numbers an option can use
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return isinstance(value, kind)
 
 
 def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not a finite number"
     if isinstance(value, (int, float)):
         return "a number"
     if isinstance(value, str):

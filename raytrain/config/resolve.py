@@ -17,6 +17,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from raytrain import settings
 from raytrain.config.batch import Sources, batch_sizes
 from raytrain.config.checks import check_int, check_number
 from raytrain.config.deepspeed import deepspeed_dict, ds_origins, ds_view, load_ds_config, merge_under_flags
@@ -28,9 +29,11 @@ from raytrain.config.options import (
     CPU_ALLOCATOR_VAR,
     CPU_ALLOCATORS,
     DEFAULTS,
+    ENV_PREFIX,
     OFFLOADS,
     PLACEMENTS,
     PRECISIONS,
+    USER_ENV_SWITCHES,
     ZERO_STAGES,
     Options,
     parse_trackers,
@@ -38,6 +41,7 @@ from raytrain.config.options import (
 from raytrain.config.parallel import check_parallel, check_zero3_keys
 from raytrain.config.plan import Plan, Scaling
 from raytrain.config.script_mode import script_mode_options
+from raytrain import redact
 from raytrain.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -126,11 +130,20 @@ def _env(opts: Options) -> dict[str, str]:
     env = {}
     for key, value in (opts.env or {}).items():
         if not ENV_KEY_RE.match(str(key)):
-            raise ConfigError(f"--env {key}={value}: {key!r} is not a valid variable name", flag="--env")
+            raise ConfigError(f"--env {key}=...: {key!r} is not a valid variable name", flag="--env")
+        if str(key).startswith(ENV_PREFIX) and key not in USER_ENV_SWITCHES:
+            raise ConfigError(
+                f"--env {key}=...: names starting with {ENV_PREFIX} are raytrain's own (it sets them for the job); "
+                f"the ones you may set: {', '.join(USER_ENV_SWITCHES)}", flag="--env")
         if key == CPU_ALLOCATOR_VAR and str(value).strip().lower() not in CPU_ALLOCATORS:
             raise ConfigError(
                 f"--env {CPU_ALLOCATOR_VAR}={value}: use jemalloc (Ray's, preloaded into CPU workers on the nodes "
                 "raytrain starts; the default) or glibc (the C library's malloc)", flag="--env")
+        if key in USER_ENV_SWITCHES:  # the job would fail on it at start: say so now, naming --env
+            try:
+                settings.setting(key).parse(str(value))
+            except ConfigError as exc:
+                raise ConfigError(f"--env {exc}", flag="--env") from None
         env[str(key)] = str(value)
     return env
 
@@ -202,7 +215,10 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         raise ConfigError(f"--track {track[0]}: script mode reports no metrics (no ctx.report); write a "
                           "train(ctx) job to track it", flag="--track")
     if opts.mlflow_uri and "mlflow" not in track:
-        raise ConfigError(f"--mlflow-uri {opts.mlflow_uri}: add --track mlflow to log to it", flag="--mlflow-uri")
+        raise ConfigError(f"--mlflow-uri {redact.text(opts.mlflow_uri)}: add --track mlflow to log to it",
+                          flag="--mlflow-uri")
+    if opts.track_args and not track:
+        raise ConfigError("--track-args: add --track NAME to log the job's arguments to a tracker", flag="--track-args")
 
     tp = check_int("tp", _or_default(opts, "tp"), 1)
     pp = check_int("pp", _or_default(opts, "pp"), 1)
@@ -232,5 +248,5 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
         interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,
-        prefetch=prefetch, track=track, mlflow_uri=opts.mlflow_uri,
+        prefetch=prefetch, track=track, mlflow_uri=opts.mlflow_uri, track_args=bool(opts.track_args),
     )

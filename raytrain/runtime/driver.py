@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 
-from raytrain import events, settings, timings
+from raytrain import events, redact, settings, timings
 from raytrain.capacity import Node, capacity_problem
 from raytrain.config.plan import Plan
 from raytrain.events import emit
@@ -129,7 +129,7 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
     for spec in plan.data:
         name = spec["name"]
         streaming[name] = data_source.cpus_per_task(datasets[name]) <= max(spare, 0.0)
-        feeders[name] = data_feed.start_feeder(datasets[name], name, f"--data {name}={spec['path']}")
+        feeders[name] = data_feed.start_feeder(datasets[name], name, f"--data {name}={redact.text(spec['path'])}")
     dp, micro = int(plan.parallel["dp"]), int(plan.deepspeed["train_micro_batch_size_per_gpu"])
     for spec in plan.data:
         name = spec["name"]
@@ -138,10 +138,10 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
             try:
                 rows, done, error = ray.get(feeders[name].progress.remote(need))
             except ray.exceptions.RayError as exc:  # the feeder's process died (out of memory, ...)
-                return {}, f"--data {name}={spec['path']}: the data feed failed: {data_source.first_line(exc)}"
+                return {}, f"--data {name}={redact.text(spec['path'])}: the data feed failed: {data_source.first_line(exc)}"
             if done or rows >= need:
                 break
-        problem = data_source.check_rows(f"--data {name}={spec['path']}", rows, done, error, dp, micro)
+        problem = data_source.check_rows(f"--data {name}={redact.text(spec['path'])}", rows, done, error, dp, micro)
         if problem:
             return {}, problem
         emit(events.DATASET, name=name, rows=rows if done else None, rows_ready=rows, streaming=streaming[name],
@@ -257,7 +257,8 @@ def record_when_stopped(plan: Plan, run_name: str) -> None:
     ends_trackers = bool(set(plan.track) & set(trackers.ENDERS))
     if "mlflow" in plan.track:
         record_dir = run_record.record_dir(plan.storage, run_name)
-        threading.Thread(target=trackers.warm_up, args=(record_dir,), daemon=True, name="raytrain-mlflow").start()
+        threading.Thread(target=trackers.warm_up, args=(record_dir,), kwargs={"plan": plan}, daemon=True,
+                         name="raytrain-mlflow").start()
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_stop(signum, frame):
@@ -323,7 +324,7 @@ def main() -> int:
 
         try:
             resume_from = resolve_resume(plan.resume, plan.storage).path
-            run_record.inherit_trackers(resume_from, plan.storage, run_name)  # the same tracker runs
+            run_record.inherit_trackers(resume_from, plan.storage, run_name, plan.mlflow_uri)  # the same tracker runs
         except ConfigError as exc:
             emit(events.INVALID, message=str(exc))
             return EXIT_CANNOT_RUN
@@ -358,7 +359,9 @@ def main() -> int:
     )
     trainer = torch_backend.trainer(
         train_loop_per_worker,
-        train_loop_config={"plan": plan.to_dict(), "resume_from": resume_from, "run": run_name},
+        # redacted: Ray Train keeps and shows its train_loop_config; the workers restore the user's values
+        # from $RAYTRAIN_PLAN, which they inherit (raytrain.runtime.worker)
+        train_loop_config={"plan": redact.plan_dict(plan.to_dict()), "resume_from": resume_from, "run": run_name},
         backend_config_args={"timeout_s": float(plan.timeout_s), "interface": plan.interface},
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from raytrain import paths
+
 _captured: dict[int, int] = {}  # fd -> a duplicate of what it was before capture (Ray's log)
 
 
@@ -94,12 +96,12 @@ def start(record_dir: Path | None, rank: int, ip: str = "") -> Path | None:
         return None
     path = record_dir / "logs" / f"rank-{rank}.log"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", errors="replace") as f:
+        paths.private_mkdir(path.parent)  # 0700/0600: a rank's log holds the job's whole output
+        with paths.private_open(path, "a", errors="replace") as f:
             f.write(header(rank, socket.gethostname(), ip))
         if capture_fds(path):
             return path
-        copy = open(path, "a", buffering=1, errors="replace")
+        copy = paths.private_open(path, "a", buffering=1, errors="replace")
     except OSError:
         return None
     sys.stdout = Tee(sys.stdout, copy)

@@ -34,10 +34,15 @@ def flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def plan_params(plan: Any) -> dict[str, Any]:
-    """The flags (the plan's scalar fields) and the exact DeepSpeed config, as params."""
-    d = plan.to_dict()
+    """The flags (the plan's scalar fields) and the exact DeepSpeed config, as params: redacted
+    (raytrain.redact: --mlflow-uri, --data, secret-named keys), the job's arguments only with --track-args."""
+    from raytrain import redact
+
+    d = redact.plan_dict(plan.to_dict())
+    if not getattr(plan, "track_args", False):
+        d.pop("job_args", None)
     params = {f"raytrain.{k}": v for k, v in flat({k: v for k, v in d.items() if k != "deepspeed"}).items()}
-    params.update({f"deepspeed.{k}": v for k, v in flat(plan.deepspeed).items()})
+    params.update({f"deepspeed.{k}": v for k, v in flat(d["deepspeed"]).items()})
     return {k: ("" if v is None else v) for k, v in params.items()}
 
 
@@ -46,6 +51,24 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
         k: float(v) for k, v in metrics.items()
         if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
+
+
+def resumed_run_dirs(plan: Any) -> list[Path]:
+    """The folder of the run --resume continues (where its tracker files are), as the plan names it."""
+    import os
+
+    if not getattr(plan, "resume", None):
+        return []
+    candidates = [Path(plan.resume).expanduser()]
+    if plan.storage and not os.path.isabs(plan.resume):
+        candidates.append(Path(plan.storage).expanduser() / plan.resume)
+    found = []
+    for p in candidates:  # a run folder (it has a record), or a checkpoint folder in one
+        if (p / "raytrain").is_dir():
+            found.append(p)
+        elif p.is_dir() and (p.parent / "raytrain").is_dir():
+            found.append(p.parent)
+    return found
 
 
 class State:
@@ -63,12 +86,21 @@ class State:
     def of(self, name: str) -> dict:
         return self.data.setdefault(name, {})
 
+    def trust(self, plan: Any, run_dir: Path, log=print) -> None:
+        """Keep only the entries raytrain.run_record.trusted_trackers accepts: under this run's folder (or the
+        one --resume continues), the plan's own MLflow URI. Whoever can write the storage can write this file."""
+        from raytrain.run_record import trusted_trackers
+
+        self.data, dropped = trusted_trackers(self.data, [run_dir, *resumed_run_dirs(plan)], plan.mlflow_uri)
+        for line in dropped:
+            log(f"raytrain: {self.path}: not using {line}; starting that tracker afresh")
+
     def save(self) -> None:
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.data, sort_keys=True))
-            tmp.replace(self.path)
+            from raytrain import paths
+
+            paths.private_mkdir(self.path.parent)
+            paths.private_write(self.path, json.dumps(self.data, sort_keys=True))
 
 
 class TensorBoard:
@@ -77,14 +109,21 @@ class TensorBoard:
     def __init__(self, state: dict, *, run_dir: Path, run_name: str, plan: Any, params: dict):
         from torch.utils.tensorboard import SummaryWriter
 
+        from raytrain import redact
+
         restart = "dir" in state
+        if not restart:
+            from raytrain import paths
+
+            paths.private_mkdir(run_dir / "tensorboard")
         state.setdefault("dir", str(run_dir / "tensorboard"))
         if restart:  # a step the event file took just before the worker died may be missing from the state
             state["last_step"] = max(state.get("last_step", 0), self.last_logged_step(Path(state["dir"])))
         self.writer = SummaryWriter(log_dir=state["dir"])
         if not state.get("params_logged"):
             self.writer.add_text("raytrain/params", "\n".join(f"    {k} = {v}" for k, v in sorted(params.items())))
-            self.writer.add_text("raytrain/deepspeed", "    " + json.dumps(plan.deepspeed, indent=2).replace("\n", "\n    "))
+            shown = redact.mapping(plan.deepspeed)
+            self.writer.add_text("raytrain/deepspeed", "    " + json.dumps(shown, indent=2).replace("\n", "\n    "))
             state["params_logged"] = True
 
     @staticmethod
@@ -123,7 +162,9 @@ class MLflow:
         from mlflow.tracking import MlflowClient
 
         if not (plan.mlflow_uri or state.get("uri")):  # MLflow 3 keeps its file store read-only: SQLite
-            (run_dir / "mlflow").mkdir(parents=True, exist_ok=True)
+            from raytrain import paths
+
+            paths.private_mkdir(run_dir / "mlflow")
         uri = plan.mlflow_uri or state.get("uri") or f"sqlite:///{(run_dir / 'mlflow' / 'mlflow.db').resolve()}"
         state["uri"] = uri
         self.client = MlflowClient(tracking_uri=uri)
@@ -172,8 +213,9 @@ class WandB:
         import secrets
 
         state.setdefault("id", secrets.token_hex(4))
-        folder = run_dir / "wandb"
-        folder.mkdir(parents=True, exist_ok=True)
+        from raytrain import paths
+
+        folder = paths.private_mkdir(run_dir / "wandb")
         self.run = wandb.init(
             project=plan.name, name=run_name, id=state["id"], resume="allow", dir=str(folder), config=params,
             reinit="create_new",
@@ -217,6 +259,8 @@ class Trackers:
     def __init__(self, plan: Any, *, run_name: str, record_dir: Path | None, log=print):
         self.plan, self.run_name, self.record_dir, self.log = plan, run_name, record_dir, log
         self.state = State(record_dir)
+        run_dir = record_dir.parent if record_dir is not None else Path.cwd()
+        self.state.trust(plan, run_dir, log)
         self.active: list[Any] = []
         self.queue: queue.Queue = queue.Queue()
         self._last_memory = 0.0
@@ -312,13 +356,17 @@ def mlflow_client(uri: str) -> Any:
     return _mlflow_clients[uri]
 
 
-def warm_up(record_dir: Path | None, *, every_s: float = 2.0, timeout_s: float | None = None) -> bool:
+def warm_up(record_dir: Path | None, *, every_s: float = 2.0, timeout_s: float | None = None,
+            plan: Any = None) -> bool:
     """The driver's MLflow client for rank 0's run, ready (imported, its store open, the run read) as soon as
     rank 0 has started the run: `jobs stop` leaves the driver 3 s, too short to open a SQLite store on a
     busy machine. True when ready; False after ``timeout_s``."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while record_dir is not None:
-        state = State(record_dir).data.get("mlflow", {})
+        found = State(record_dir)
+        if plan is not None:
+            found.trust(plan, record_dir.parent, log=lambda line: None)
+        state = found.data.get("mlflow", {})
         if state.get("run_id"):
             mlflow_client(state["uri"]).get_run(state["run_id"])
             return True
@@ -337,8 +385,9 @@ def end_wandb(state: dict, outcome: str, *, plan: Any, run_dir: Path, run_name: 
 
     # its own folder: W&B names a run's folder by the second it starts, and a driver ending the run in the
     # second its last worker died would write into (and clobber) that worker's offline run files
-    folder = run_dir / "wandb" / "driver"
-    folder.mkdir(parents=True, exist_ok=True)
+    from raytrain import paths
+
+    folder = paths.private_mkdir(run_dir / "wandb" / "driver")
     run = wandb.init(project=plan.name, name=run_name, id=state["id"], resume="allow", dir=str(folder),
                      reinit="create_new")
     run.finish(exit_code=ENDINGS[outcome][1])
@@ -355,6 +404,7 @@ def end_runs(plan: Any, record_dir: Path | None, outcome: str, *, run_name: str 
     if record_dir is None or not plan.track:
         return []
     state, ended = State(record_dir), []
+    state.trust(plan, record_dir.parent, log)
     for name in plan.track:
         end, key = ENDERS.get(name, (None, ""))
         if end is None or not state.data.get(name, {}).get(key):

@@ -24,8 +24,20 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         prompt_poll.ask()
 
 
+def plan_of(config: dict[str, Any]) -> Plan:
+    """The plan: the driver's (redacted: raytrain.redact) with the user's values from ``$RAYTRAIN_PLAN``, which
+    every process of the job inherits."""
+    import json
+
+    from raytrain import redact, settings
+
+    shown = config["plan"]
+    real = settings.raw("RAYTRAIN_PLAN")
+    return Plan.from_dict(redact.restore(shown, json.loads(real)) if real else shown)
+
+
 def _train(config: dict[str, Any]) -> None:
-    plan = Plan.from_dict(config["plan"])
+    plan = plan_of(config)
     import warnings
 
     import ray.train

@@ -131,7 +131,8 @@ class Request:
         return out
 
     def masked(self) -> "Request":
-        """This request as --dry-run shows it: the values of the job's --env replaced by MASK."""
+        """This request as --dry-run shows it: the values of the job's --env replaced by MASK, the plan it
+        carries redacted (raytrain.redact)."""
         import copy
         import dataclasses as dc
 
@@ -149,10 +150,17 @@ MASK = "<hidden>"
 
 
 def mask_env(runtime_env: dict[str, Any], keys: set[str]) -> dict[str, Any]:
-    """``runtime_env`` with the values of ``keys`` in its env_vars masked (in place; returned)."""
+    """``runtime_env`` with the values of ``keys`` in its env_vars masked and its RAYTRAIN_PLAN redacted
+    (raytrain.redact: job arguments, URIs), in place; returned."""
+    import json
+
+    from raytrain import redact
+
     env_vars = runtime_env.get("env_vars") or {}
     for key in keys & set(env_vars):
         env_vars[key] = MASK
+    if env_vars.get("RAYTRAIN_PLAN"):
+        env_vars["RAYTRAIN_PLAN"] = json.dumps(redact.plan_dict(json.loads(env_vars["RAYTRAIN_PLAN"])), sort_keys=True)
     return runtime_env
 
 

@@ -72,7 +72,7 @@ class K8sRequest(Request):
         manifests = copy.deepcopy(self.manifests)
         for m in manifests:
             spec = m.get("spec") or {}
-            if keys and spec.get("runtimeEnvYAML"):
+            if spec.get("runtimeEnvYAML"):  # --env values masked, RAYTRAIN_PLAN redacted
                 env = mask_env(yaml.safe_load(spec["runtimeEnvYAML"]), keys)
                 spec["runtimeEnvYAML"] = yaml.safe_dump(env, sort_keys=True, default_flow_style=False)
         return dc.replace(out, manifests=manifests)

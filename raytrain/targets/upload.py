@@ -1,9 +1,10 @@
 """What a submit uploads from the job's folder (Ray's ``working_dir``), checked before anything is sent.
 
 Ray zips the folder with ``excludes`` and the folder's own ``.gitignore`` files and follows symlinks. Here:
-the folder may not be ``$HOME`` or hold ``RAYTRAIN_HOME``; a symlink may not point outside it; the enclosing
-git repository's ignore rules (``git ls-files --ignored``) are added to the excludes; credentials are never
-shipped (SECRET_EXCLUDES); and the upload's file count and size are known (``--dry-run`` shows them) and
+the folder may not be ``$HOME`` or hold ``RAYTRAIN_HOME``; a symlink may not point outside it, and one that
+points at an excluded file or folder is excluded too; the enclosing git repository's ignore rules (``git
+ls-files --ignored``) are added to the excludes (a git that fails there is refused, not taken as "nothing
+ignored"); credentials are never shipped (SECRET_EXCLUDES); and the upload's file count and size are known (``--dry-run`` shows them) and
 capped at UPLOAD_LIMIT_BYTES, the largest files named when over.
 """
 from __future__ import annotations
@@ -73,21 +74,47 @@ def _matches(rel: str, patterns: list[str]) -> bool:
     return False
 
 
+def in_repository(folder: Path) -> Path | None:
+    """The nearest folder at or above ``folder`` that holds a ``.git`` (a git repository's top), if any."""
+    for candidate in [folder, *folder.parents]:
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
 def git_ignored(folder: Path) -> list[str]:
     """Anchored excludes for what the enclosing git repository ignores under ``folder`` (its .gitignore
-    files above the folder too, .git/info/exclude, the user's excludesFile); [] outside a repository."""
+    files above the folder too, .git/info/exclude, the user's excludesFile); [] outside a repository.
+    Inside one, a git that is missing, fails or times out is refused (ConfigError): its ignore rules would
+    otherwise be silently empty and ignored files (secrets among them) shipped."""
+    repo = in_repository(folder)
+    if repo is None:
+        return []
+    what = None
     git = shutil.which("git")
     if git is None:
-        return []
-    try:
-        proc = subprocess.run(
-            [git, "-C", str(folder), "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"],
-            capture_output=True, timeout=GIT_TIMEOUT_S,
+        what = "git is not installed"
+    else:
+        try:
+            proc = subprocess.run(
+                [git, "-C", str(folder), "ls-files", "-z", "--others", "--ignored", "--exclude-standard",
+                 "--directory"],
+                capture_output=True, timeout=GIT_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            what = f"`git ls-files` took over {GIT_TIMEOUT_S:g} s"
+        except OSError as exc:
+            what = f"git cannot run ({exc})"
+        else:
+            if proc.returncode != 0:
+                last = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+                what = f"`git ls-files` failed ({last})"
+    if what is not None:
+        raise ConfigError(
+            f"the job's folder {folder} is in the git repository {repo}, but {what}: raytrain cannot read what "
+            "its .gitignore files leave out, and will not upload ignored files. Fix git there, or put the job "
+            "in a folder outside the repository", flag="JOB",
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if proc.returncode != 0:  # not a repository
-        return []
     return ["/" + p.rstrip("/") for p in proc.stdout.decode(errors="replace").split("\0") if p]
 
 
@@ -125,8 +152,23 @@ def scan(folder: str | Path, excludes: list[str], *, limit: int = UPLOAD_LIMIT_B
                 continue
             if full.is_symlink():
                 _check_link(root, full, rel)
+                # Ray follows the link and matches excludes against the link's path, not its target's: a link to
+                # an excluded folder (creds -> .aws) would ship it. Excluded by where it points, too.
+                if _matches(os.path.relpath(full.resolve(), root), upload.excludes):
+                    upload.excludes.append("/" + rel)
+                    if name in dirnames:
+                        dirnames.remove(name)
+                    continue
                 if full.is_dir():  # Ray follows it: so does the count, inside the folder
-                    sizes += [(p.stat().st_size, f"{rel}/{p.relative_to(full)}") for p in full.rglob("*") if p.is_file()]
+                    for p in full.rglob("*"):
+                        if not p.is_file():
+                            continue
+                        inner = f"{rel}/{p.relative_to(full).as_posix()}"
+                        if _matches(inner, upload.excludes) or _matches(os.path.relpath(p.resolve(), root),
+                                                                        upload.excludes):
+                            upload.excludes.append("/" + inner)
+                            continue
+                        sizes.append((p.stat().st_size, inner))
                     continue
             if name in filenames and full.is_file():
                 sizes.append((full.stat().st_size, rel))

@@ -30,7 +30,7 @@ class Busy(Cluster):
 
 def _down(monkeypatch, *args, can_ask=False, answer=""):
     busy = Busy()
-    monkeypatch.setattr(cluster_cli, "make_cluster", lambda options: busy)
+    monkeypatch.setattr(cluster_cli, "make_cluster", lambda options, local_jobs=None: busy)
     monkeypatch.setattr(cluster_cli, "_can_ask", lambda: can_ask)
     return busy, CliRunner().invoke(main, ["cluster", "down", *args], input=answer)
 

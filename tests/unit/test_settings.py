@@ -121,3 +121,14 @@ def test_a_malformed_value_is_a_config_error_naming_the_variable(name, value, sa
 def test_an_undeclared_name_cannot_be_read():
     with pytest.raises(KeyError, match="not a declared raytrain setting"):
         settings.get("RAYTRAIN_NO_SUCH_THING", {})
+
+
+def test_a_jobs_setting_given_with_env_is_checked_at_resolve_naming_env(tmp_path):
+    from raytrain.config import Options, resolve
+
+    job = tmp_path / "train.py"
+    job.write_text("def train(ctx):\n    pass\n")
+    with pytest.raises(ConfigError) as err:
+        resolve(Options(job=str(job), env={"RAYTRAIN_BIND_CORES": "yes"}))
+    assert err.value.flag == "--env" and "RAYTRAIN_BIND_CORES=yes" in str(err.value) and "1 (on) or 0 (off)" in str(err.value)
+    assert resolve(Options(job=str(job), env={"RAYTRAIN_BIND_CORES": "0"})).env == {"RAYTRAIN_BIND_CORES": "0"}

@@ -111,3 +111,72 @@ def test_only_a_request_with_nothing_to_upload_skips_rays_jobs_client():
     assert nothing_to_upload({"env_vars": {"PYTHONPATH": "/copy:${PYTHONPATH}"}})  # the local target's
     assert not nothing_to_upload({"working_dir": "/jobs", "env_vars": {}})  # --address, RAYTRAIN_LOCAL_UPLOAD=1
     assert not nothing_to_upload({"py_modules": ["/src/raytrain"]})
+
+
+def ray_zip_names(folder: Path, excludes: list[str], out: Path) -> set[str]:
+    """What Ray's own packaging puts in the working_dir zip, given these excludes."""
+    import zipfile
+
+    from ray._private.runtime_env.packaging import _zip_files
+
+    _zip_files(str(folder), excludes, str(out), include_gitignore=True)
+    return {n.rstrip("/") for n in zipfile.ZipFile(out).namelist()}
+
+
+def test_a_symlink_to_an_excluded_folder_ships_nothing_of_it(raytrain_home, tmp_path):
+    folder = job_folder(tmp_path / "job")
+    (folder / ".aws").mkdir()
+    (folder / ".aws" / "credentials").write_text("aws_secret_access_key = x\n")
+    (folder / "creds").symlink_to(folder / ".aws")  # tried: creds/credentials was uploaded
+    (folder / "key-file").symlink_to(folder / ".aws" / "credentials")
+    (folder / "code").mkdir()
+    (folder / "code" / "util.py").write_text("x = 1\n")
+    (folder / "lib").symlink_to(folder / "code")  # a link to a folder that ships: still followed
+    shipped = upload.scan(folder, SECRET_EXCLUDES)
+    assert sorted(shipped.paths) == ["code/util.py", "job.py", "lib/util.py"], shipped.paths
+    assert {"/creds", "/key-file"} <= set(shipped.excludes)
+    names = ray_zip_names(folder, shipped.excludes, tmp_path / "wd.zip")
+    assert not any("credentials" in n or n.startswith(("creds", "key-file")) for n in names), names
+    assert "lib/util.py" in names
+    # the local cluster's copy (instead of an upload) holds the same
+    copied = shipped.copy_to(tmp_path / "copy")
+    assert sorted(str(p.relative_to(copied)) for p in copied.rglob("*") if p.is_file()) == sorted(shipped.paths)
+
+
+def test_a_link_into_a_git_ignored_file_is_excluded_by_its_target(raytrain_home, tmp_path):
+    repo = tmp_path / "repo"
+    folder = job_folder(repo / "jobs")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/jobs/private/\n")
+    (folder / "private").mkdir()
+    (folder / "private" / "notes.txt").write_text("secret\n")
+    (folder / "view").symlink_to(folder / "private")
+    shipped = upload.scan(folder, SECRET_EXCLUDES)
+    assert not any("notes" in p for p in shipped.paths), shipped.paths
+
+
+def test_a_failing_git_is_said_and_refused_not_taken_as_nothing_ignored(raytrain_home, tmp_path):
+    repo = tmp_path / "repo"
+    folder = job_folder(repo / "jobs")
+    (repo / ".git").write_text(f"gitdir: {tmp_path / 'gone'}\n")  # a worktree whose repository is gone
+    with pytest.raises(ConfigError, match=r"git repository .*`git ls-files` failed .*not a git repository"):
+        upload.scan(folder, SECRET_EXCLUDES)
+    r = dry_run(folder / "job.py")
+    assert r.exit_code == 2 and "git ls-files" in r.output and "outside the repository" in r.output, r.output
+    # outside any repository nothing needs git
+    plain = job_folder(tmp_path / "plain")
+    assert upload.scan(plain, SECRET_EXCLUDES).paths == ["job.py"]
+
+
+def test_a_git_that_hangs_is_bounded_and_refused(raytrain_home, tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    folder = job_folder(repo / "jobs")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text("#!/bin/sh\nsleep 30\n")  # a git stuck on a network file system
+    (bin_dir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(upload, "GIT_TIMEOUT_S", 0.5)
+    with pytest.raises(ConfigError, match=r"took over 0.5 s"):
+        upload.scan(folder, SECRET_EXCLUDES)
