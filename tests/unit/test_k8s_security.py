@@ -38,7 +38,7 @@ def test_raycluster_pods_use_token_auth_from_the_secret_and_run_unprivileged():
         env = env_of(t)
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"] == {
-            "name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "c1-raytrain-auth", "key": "token"}}}
+            "name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "c1-raytrain-auth", "key": "auth_token"}}}
         assert t["metadata"]["labels"]["raytrain.io/cluster"] == "c1"
         spec = t["spec"]
         assert spec["automountServiceAccountToken"] is False
@@ -56,10 +56,14 @@ def test_profile_security_keys():
         parse_cluster_profile({"kind": "kuberay", "security": {"network-policy": "yes"}})
 
 
-def test_network_policy_admits_only_the_clusters_pods_and_the_operator_to_the_dashboard():
+def test_network_policy_covers_every_pod_of_the_cluster_and_admits_only_its_pods_and_the_operator():
+    """Head and workers alike (rank 0's rendezvous store, gloo/NCCL and the object manager run on workers)."""
     [policy] = security_manifests("c1", "ns", default_k8s_profile())
     spec = policy["spec"]
-    assert spec["podSelector"]["matchLabels"] == {"raytrain.io/cluster": "c1", "ray.io/node-type": "head"}
+    assert spec["podSelector"] == {"matchLabels": {"raytrain.io/cluster": "c1"}}
+    for template in pods(render_raycluster(default_k8s_profile(), "c1", "ns")):  # every pod is selected
+        labels = template["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
     assert spec["policyTypes"] == ["Ingress"]
     own, operator = spec["ingress"]
     assert own == {"from": [{"podSelector": {"matchLabels": {"raytrain.io/cluster": "c1"}}}]}
@@ -72,13 +76,13 @@ def test_rayjob_submitter_gets_the_token():
     own = render_rayjob(name="j1", namespace="ns", entrypoint="x", runtime_env={}, metadata={}, profile=p,
                         cluster=None, worker_replicas=1)
     sub = own["spec"]["submitterPodTemplate"]
-    assert env_of(sub)["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "j1-raytrain-auth", "key": "token"}
+    assert env_of(sub)["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "j1-raytrain-auth", "key": "auth_token"}
     assert sub["metadata"]["labels"]["raytrain.io/cluster"] == "j1"  # admitted by the head's NetworkPolicy
     assert all(env_of(t)["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "j1-raytrain-auth" for t in pods(own))
     on = render_rayjob(name="j2", namespace="ns", entrypoint="x", runtime_env={}, metadata={}, profile=p,
                        cluster="c1", worker_replicas=0)
     ref = env_of(on["spec"]["submitterPodTemplate"])["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
-    assert ref == {"name": "c1-raytrain-auth", "key": "token", "optional": True}
+    assert ref == {"name": "c1-raytrain-auth", "key": "auth_token", "optional": True}
 
 
 def test_dry_runs_show_no_token_and_no_secret(raytrain_home, tmp_path):
@@ -144,7 +148,7 @@ def test_guard_creates_one_fresh_token_and_keeps_it(guard):
     g, core = guard
     assert g.ensure("c1", default_k8s_profile()) is True
     token = g.read_token("c1")
-    assert len(token) == 64 and core.secrets["c1-raytrain-auth"]["stringData"] == {"token": token}
+    assert len(token) == 64 and core.secrets["c1-raytrain-auth"]["stringData"] == {"auth_token": token}
     assert "c1-raytrain-head" in core.policies
     g.ensure("c1", default_k8s_profile())  # `cluster up` again: running pods keep their token
     assert g.read_token("c1") == token
