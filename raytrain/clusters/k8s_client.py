@@ -238,6 +238,17 @@ def schema_at(schema: dict, *path: str) -> dict | None:
     return schema
 
 
+def auth_options_known(kube: Kube, plural: str) -> bool:
+    """Whether the installed KubeRay CRD (``rayclusters``: spec.authOptions; ``rayjobs``: its rayClusterSpec's)
+    knows ``authOptions`` (KubeRay >= 1.5.1). True where the CRD cannot be read (no permission): then the
+    server-side apply itself refuses the field on an older KubeRay."""
+    schema = kube.crd_schema(plural)
+    if schema is None:
+        return True
+    path = ("spec", "authOptions") if plural == "rayclusters" else ("spec", "rayClusterSpec", "authOptions")
+    return schema_at(schema, *path) is not None
+
+
 class RayObjects:
     """Custom objects of one KubeRay kind (``rayclusters``, ``rayjobs``) in one namespace."""
 

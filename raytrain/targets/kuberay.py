@@ -16,7 +16,7 @@ from typing import Any, Callable
 import raytrain
 from raytrain.capacity import Node
 from raytrain.clusters.k8s_auth import ClusterGuard
-from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects, schema_at
+from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects, auth_options_known
 from raytrain.clusters.k8s_manifests import (
     KUBERAY_AUTH_VERSION,
     MANAGED_BY,
@@ -335,15 +335,19 @@ class RayJobTarget(Target):
                 )
             rayjobs.apply(manifest, force=False)
         else:  # its own cluster: its own token Secret and NetworkPolicy, deleted with the RayJob
-            self._require_auth_options(manifest)
+            if not auth_options_known(self.conn.kube, "rayjobs"):  # before anything is created
+                raise self._old_kuberay()
             guard = ClusterGuard(self.conn.kube, request.namespace)
             guarded = guard.ensure(name, self.profile)
-            obj = rayjobs.apply(manifest, force=False)
+            try:
+                obj = rayjobs.apply(manifest, force=False)
+            except ClusterError as exc:  # a CRD this user could not read, from before authOptions
+                if "authOptions" not in str(exc):
+                    raise
+                guard.delete(name)
+                raise self._old_kuberay() from None
             if guarded:
                 guard.adopt(name, obj)
-            if "authOptions" not in ((obj.get("spec") or {}).get("rayClusterSpec") or {}):
-                rayjobs.delete(name)  # the schema pruned it (a CRD this user could not read): never run it so
-                raise self._old_kuberay()
         return JobHandle(self.kind, request.address, name, request.metadata.get("name", ""))
 
     def _old_kuberay(self) -> ConfigError:
@@ -354,16 +358,6 @@ class RayJobTarget(Target):
             "cluster up --k8s`, then `raytrain submit JOB --k8s --cluster NAME` (raytrain's port-forward)",
             flag="--rayjob",
         )
-
-    def _require_auth_options(self, manifest: dict) -> None:
-        """Refuse before anything is created where the installed RayJob CRD does not know authOptions."""
-        if "authOptions" not in (manifest["spec"].get("rayClusterSpec") or {}):
-            return
-        schema = self.conn.kube.crd_schema("rayjobs")
-        if schema is None:  # may not read CRDs: the object read back after the apply tells
-            return
-        if schema_at(schema, "spec", "rayClusterSpec", "authOptions") is None:
-            raise self._old_kuberay()
 
     def _get(self, job_id: str) -> dict:
         obj = self.rayjobs.get(job_id)
