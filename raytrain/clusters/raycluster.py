@@ -182,16 +182,24 @@ class KubeRayCluster(Cluster):
         if dry_run:
             return secret_note(name) + to_yaml([manifest, *security_manifests(name, clusters.namespace, profile)])
         self._refuse_foreign(clusters.get(name), "take over")
-        note = ""
-        if not auth_options_known(self.conn.kube, "rayclusters"):
-            # KubeRay < 1.5.1 refuses the field; the Ray containers' own RAY_AUTH_* keep Ray authenticated
-            # (raytrain's port-forward sends the token), but the operator cannot reach the dashboard (RayJobs).
+        note = (f"  note: this KubeRay has no spec.authOptions (KubeRay >= {KUBERAY_AUTH_VERSION} needed): Ray "
+                "requires the token, but `submit --rayjob --cluster` is refused on this cluster\n")
+        # KubeRay < 1.5.1 refuses the field; the Ray containers' own RAY_AUTH_* keep Ray authenticated
+        # (raytrain's port-forward sends the token), but the operator cannot reach the dashboard (RayJobs).
+        old_kuberay = not auth_options_known(self.conn.kube, "rayclusters")
+        if old_kuberay:
             del manifest["spec"]["authOptions"]
-            note = (f"  note: this KubeRay has no spec.authOptions (KubeRay >= {KUBERAY_AUTH_VERSION} needed): Ray "
-                    "requires the token, but `submit --rayjob --cluster` is refused on this cluster\n")
         guard = ClusterGuard(self.conn.kube, clusters.namespace)
         guarded = guard.ensure(name, profile)
-        result = clusters.apply(manifest)
+        try:
+            result = clusters.apply(manifest)
+        except ClusterError as exc:  # a CRD this user could not read, from before authOptions
+            if old_kuberay or "authOptions" not in str(exc):
+                raise
+            del manifest["spec"]["authOptions"]
+            old_kuberay = True
+            result = clusters.apply(manifest)
+        note = note if old_kuberay else ""
         if guarded:
             guard.adopt(name, result.obj)
         w = profile.workers

@@ -1,6 +1,7 @@
 """Against KubeRay 1.6.2's real CRDs: everything raytrain renders is stored as sent (nothing pruned, nothing
 refused; only the schema's defaults added), and a KubeRay without `authOptions` gets no RayJob."""
 import copy
+import time
 
 import pytest
 import yaml
@@ -9,6 +10,7 @@ from raytrain.clusters.k8s_client import Kube, RayObjects, schema_at
 from raytrain.clusters.k8s_manifests import render_raycluster, render_rayjob
 from raytrain.clusters.profiles import default_k8s_profile, load_cluster_profile, parse_cluster_profile
 from tests.conftest import JOBS, ROOT
+from tests.k8s.conftest import CRDS
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
 
@@ -105,34 +107,6 @@ def _without_auth_options(schema):
     return schema
 
 
-@pytest.fixture
-def old_kuberay(monkeypatch):
-    real = Kube.crd_schema
-    monkeypatch.setattr(Kube, "crd_schema", lambda self, plural, *a, **k: _without_auth_options(real(self, plural)))
-
-
-def test_cluster_up_on_a_kuberay_without_auth_options_keeps_ray_authenticated(cli, namespace, rayclusters,
-                                                                              old_kuberay):
-    r = cli("cluster", "up", "--profile", EXAMPLE, "--namespace", namespace, "--name", "older")
-    assert r.exit_code == 0, r.output
-    assert "no spec.authOptions (KubeRay >= 1.5.1 needed)" in r.output and "--rayjob --cluster` is refused" in r.output
-    spec = rayclusters.get("older")["spec"]
-    assert "authOptions" not in spec  # such a KubeRay's server-side apply would refuse the whole object
-    env = {e["name"]: e for e in spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]}
-    assert env["RAY_AUTH_MODE"]["value"] == "token"  # Ray still requires the token
-    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "older-raytrain-auth", "key": "auth_token"}
-
-
-def test_a_kuberay_without_auth_options_gets_no_rayjob_and_one_line(cli, namespace, rayjobs, old_kuberay):
-    r = cli("submit", JOBS / "cnn.py", "--k8s", "--rayjob", "--namespace", namespace, "--working-dir", "/app",
-            "--workers", "2", "--gpus-per-worker", "0", "--submission-id", "too-old", "--no-wait")
-    assert r.exit_code == 2, r.output
-    line = r.output.strip()
-    assert "\n" not in line and "no spec.authOptions (KubeRay >= 1.5.1 needed)" in line
-    assert "leave out --rayjob" in line and "--k8s --cluster NAME" in line  # the port-forward path
-    assert rayjobs.list() == []
-
-
 def test_rayjob_on_a_cluster_with_hand_set_auth_is_refused(cli, namespace, rayjobs, rayclusters):
     """A RayCluster whose Ray wants a token but whose spec has no authOptions (an older raytrain made it):
     the operator could never read its RayJobs' status."""
@@ -166,4 +140,91 @@ def test_env_from_secret_with_cluster_works_where_the_clusters_pods_have_it(cli,
         assert bad.exit_code == 2, bad.output
         assert "--env-from-secret HF_TOKEN=hub/token: the pods of RayCluster keys already run" in bad.output
         assert "`env-from-secret: {HF_TOKEN: hub/token}`" in bad.output
+    assert rayjobs.list() == []
+
+
+def _replace_crds(kube, docs) -> None:
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(kube.api_client)
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        have = ext.read_custom_resource_definition(name)
+        doc = {**doc, "metadata": {**doc["metadata"], "resourceVersion": have.metadata.resource_version}}
+        ext.replace_custom_resource_definition(name, doc)
+    deadline = time.monotonic() + 30
+
+    def served(doc):
+        crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
+        conditions = {c.type: c.status for c in (crd.status.conditions or [])}
+        return conditions.get("Established") == "True" and crd.metadata.annotations == doc["metadata"].get("annotations")
+
+    while not all(served(d) for d in docs):
+        assert time.monotonic() < deadline, "the replaced CRDs were not served in 30 s"
+        time.sleep(0.2)
+    time.sleep(1.0)  # the apply path's typed schema catches up
+
+
+@pytest.fixture(scope="module")
+def old_kuberay(kube):
+    """The server's KubeRay CRDs as a KubeRay < 1.5.1 has them: 1.6.2's, less `authOptions` (and less the
+    controller-gen mark, so an interrupted run's next session puts the real ones back). Module-scoped (a CRD
+    swap takes the server seconds): the tests that use it come last in this file."""
+    real = list(yaml.safe_load_all(CRDS.read_text()))
+    old = []
+    for doc in copy.deepcopy(real):
+        doc["metadata"].pop("annotations", None)
+        for version in doc["spec"]["versions"]:
+            version["schema"]["openAPIV3Schema"] = _without_auth_options(version["schema"]["openAPIV3Schema"])
+        old.append(doc)
+    _replace_crds(kube, old)
+    try:
+        yield
+    finally:
+        _replace_crds(kube, real)
+
+
+@pytest.fixture
+def crds_unreadable(monkeypatch):
+    """A user whose credentials may not read CRDs (cluster-scoped): raytrain cannot look first."""
+    monkeypatch.setattr(Kube, "crd_schema", lambda self, *a, **k: None)
+
+
+def test_cluster_up_on_a_kuberay_without_auth_options_keeps_ray_authenticated(cli, namespace, rayclusters,
+                                                                              old_kuberay):
+    r = cli("cluster", "up", "--profile", EXAMPLE, "--namespace", namespace, "--name", "older")
+    assert r.exit_code == 0, r.output
+    assert "no spec.authOptions (KubeRay >= 1.5.1 needed)" in r.output and "--rayjob --cluster` is refused" in r.output
+    spec = rayclusters.get("older")["spec"]
+    assert "authOptions" not in spec  # such a KubeRay's server-side apply would refuse the whole object
+    env = {e["name"]: e for e in spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"  # Ray still requires the token
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "older-raytrain-auth", "key": "auth_token"}
+
+
+def test_a_kuberay_without_auth_options_gets_no_rayjob_and_one_line(cli, namespace, rayjobs, old_kuberay):
+    r = cli("submit", JOBS / "cnn.py", "--k8s", "--rayjob", "--namespace", namespace, "--working-dir", "/app",
+            "--workers", "2", "--gpus-per-worker", "0", "--submission-id", "too-old", "--no-wait")
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert "\n" not in line and "no spec.authOptions (KubeRay >= 1.5.1 needed)" in line
+    assert "leave out --rayjob" in line and "--k8s --cluster NAME" in line  # the port-forward path
+    assert rayjobs.list() == []
+
+
+def test_unreadable_crds_on_an_older_kuberay_still_give_an_authenticated_cluster_and_no_rayjob(
+        cli, namespace, rayclusters, rayjobs, old_kuberay, crds_unreadable):
+    """raytrain cannot read the schema: the server-side apply refuses authOptions, and raytrain says what
+    it says when it could read it."""
+    r = cli("cluster", "up", "--profile", EXAMPLE, "--namespace", namespace, "--name", "blind")
+    assert r.exit_code == 0, r.output
+    assert "no spec.authOptions (KubeRay >= 1.5.1 needed)" in r.output
+    spec = rayclusters.get("blind")["spec"]
+    assert "authOptions" not in spec
+    env = {e["name"]: e for e in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    r = cli("submit", JOBS / "cnn.py", "--k8s", "--rayjob", "--namespace", namespace, "--working-dir", "/app",
+            "--workers", "2", "--gpus-per-worker", "0", "--submission-id", "blind-job", "--no-wait")
+    assert r.exit_code == 2, r.output
+    assert "no spec.authOptions (KubeRay >= 1.5.1 needed)" in r.output and len(r.output.strip().splitlines()) == 1
     assert rayjobs.list() == []
