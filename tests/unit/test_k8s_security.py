@@ -322,3 +322,28 @@ def test_a_cluster_with_hand_set_auth_and_no_auth_options_is_recognised():
     for t in pods(plain):
         t["spec"]["containers"][0]["env"] = []
     assert not uses_hand_set_auth(plain)  # no token at all: the operator needs none
+
+
+def test_a_port_forward_target_used_as_a_context_manager_closes_its_tunnel(guard):
+    g, _ = guard
+    events = []
+
+    class Forward:
+        def __init__(self, request):
+            pass
+
+        def open(self):
+            events.append("open")
+            return "http://127.0.0.1:9"
+
+        def close(self):
+            events.append("close")
+
+    with RayClusterJobsTarget(KubeConnection(kube=g.kube), ray_cluster="c1", namespace="ns", forwarder=Forward,
+                              token="t") as target:
+        target._raycluster = render_raycluster(default_k8s_profile(), "c1", "ns")
+        target.open()
+        target.open()
+    assert events == ["open", "close"]
+    target.close()  # closing again is harmless
+    assert events == ["open", "close"]
