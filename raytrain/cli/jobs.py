@@ -33,7 +33,7 @@ def _target(address: str | None, flags: dict) -> Target:
     """The cluster the jobs are on; never starts the local one. With --k8s (which wins over --address):
     RayJobs, or with --cluster that RayCluster's Jobs API."""
     k8s = bool(flags.get("k8s"))
-    return make_target(
+    target = make_target(
         TargetOptions(
             address=None if k8s else address,
             k8s=k8s,
@@ -45,6 +45,10 @@ def _target(address: str | None, flags: dict) -> Target:
         ),
         auto_start=False,
     )
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:  # a port-forward's local end is closed when the command ends
+        ctx.call_on_close(target.close)
+    return target
 
 
 def _when(ts: float | None) -> str:

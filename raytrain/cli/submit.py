@@ -35,8 +35,9 @@ target_options = with_options(
     click.option("--submission-id", "k8s_submission_id", metavar="ID",
                  help="k8s --rayjob: the RayJob name; submitting the same id again never starts a second job."),
     click.option("--env-from-secret", "k8s_env_from_secret", metavar="NAME=SECRET/KEY", multiple=True,
-                 help="k8s --rayjob: set NAME on every Ray pod from key KEY of Kubernetes Secret SECRET "
-                      "(secretKeyRef; the value is in no manifest). Repeatable."),
+                 help="k8s: set NAME on every Ray pod from key KEY of Kubernetes Secret SECRET (secretKeyRef; the "
+                      "value is in no manifest). A --rayjob's own cluster gets it; an existing --cluster must "
+                      "already have it (its profile's env-from-secret). Repeatable."),
     k8s_connection_options,
 )
 
@@ -205,7 +206,10 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, verbose, stop_on_int
     Arguments after `--` are passed to the job as ctx.args, or to the script as its command line.
     """
     options = options_from_flags(job, job_args, **flags)
-    target, request = api.dry_run(options, make_target(target_options_from_flags(options, flags)))
+    target = make_target(target_options_from_flags(options, flags))
+    # A port-forward's local end is open only while this command needs it, whichever way it ends.
+    click.get_current_context().call_on_close(target.close)
+    target, request = api.dry_run(options, target)
     _say_script_mode(options, request.plan)
     if dry_run:
         _print_dry_run(request, as_json)

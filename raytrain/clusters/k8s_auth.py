@@ -1,5 +1,5 @@
 """The Kubernetes objects that guard a raytrain RayCluster or RayJob: the Secret with its Ray auth token and
-the NetworkPolicy in front of its head (rendered in k8s_manifests). The token is made here, stored only in
+the NetworkPolicy in front of its pods (rendered in k8s_manifests). The token is made here, stored only in
 the Secret, and read back by raytrain's own client (the port-forward path); it never appears in a manifest
 or in --dry-run output."""
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 from raytrain.clusters.k8s_client import FIELD_MANAGER, Kube, NotFound
 from raytrain.clusters.k8s_manifests import (
     AUTH_SECRET_KEY,
+    LEGACY_AUTH_SECRET_KEY,
     auth_secret_name,
     network_policy_name,
     render_auth_secret,
@@ -38,7 +39,7 @@ class ClusterGuard:
         found = self.kube.call("GET /api/v1", self.kube.core.get_api_resources)
         return any(r.get("name") == "secrets" for r in found.get("resources") or [])
 
-    def read_token(self, owner: str) -> str | None:
+    def _read(self, owner: str) -> dict[str, str] | None:
         try:
             obj = self.kube.call(
                 f"read Secret {self.namespace}/{auth_secret_name(owner)}", self.kube.core.read_namespaced_secret,
@@ -46,19 +47,31 @@ class ClusterGuard:
             )
         except NotFound:
             return None
-        data = (obj.get("data") or {}).get(AUTH_SECRET_KEY)
-        return base64.b64decode(data).decode().strip() if data else None
+        return {k: base64.b64decode(v).decode().strip() for k, v in (obj.get("data") or {}).items() if v}
+
+    def read_token(self, owner: str) -> str | None:
+        data = self._read(owner) or {}
+        return data.get(AUTH_SECRET_KEY) or data.get(LEGACY_AUTH_SECRET_KEY)
 
     def ensure(self, owner: str, profile: K8sProfile) -> bool:
         """Create the token Secret (a fresh token; an existing one is kept: running pods use it) and apply the
         NetworkPolicy. False where the API server serves no Secrets (nothing is created there)."""
         if not self.secrets_served():
             return False
-        if self.read_token(owner) is None:
+        data = self._read(owner)
+        if data is None:
             secret = render_auth_secret(owner, self.namespace, profile, secrets.token_hex(32))
             self.kube.call(
                 f"create Secret {self.namespace}/{auth_secret_name(owner)}", self.kube.core.create_namespaced_secret,
                 self.namespace, secret,
+            )
+        elif not data.get(AUTH_SECRET_KEY):  # made before authOptions: the same token under KubeRay's key
+            token = data.get(LEGACY_AUTH_SECRET_KEY) or secrets.token_hex(32)
+            self.kube.call(
+                f"patch Secret {self.namespace}/{auth_secret_name(owner)}", self.kube.core.patch_namespaced_secret,
+                auth_secret_name(owner), self.namespace,
+                {"stringData": {AUTH_SECRET_KEY: token}},
+                _content_type="application/merge-patch+json",
             )
         for policy in security_manifests(owner, self.namespace, profile):
             self.kube.call(

@@ -28,6 +28,10 @@ class NotFound(ClusterError):
     """The object (or the API path) does not exist."""
 
 
+class Forbidden(ClusterError):
+    """The credentials are good but may not do this (HTTP 403: RBAC)."""
+
+
 @dataclass
 class KubeconfigSource:
     paths: list[str]  # the files kubectl would read, in order
@@ -141,7 +145,7 @@ class Kube:
             if exc.status == 404:
                 return NotFound(f"{what}: not found")
             if exc.status in (401, 403):
-                return ClusterError(
+                return (Forbidden if exc.status == 403 else ClusterError)(
                     f"the Kubernetes API server at {self.server} refused {what} (HTTP {exc.status}: {message}); "
                     f"check the credentials of context {self.context!r}"
                 )
@@ -202,6 +206,47 @@ class Kube:
             raise ClusterError(
                 f"the KubeRay CRD {plural}.{group} ({version}) is not installed on {self.server}: {INSTALL_HINT}"
             )
+
+
+    def crd_schema(self, plural: str, group: str = GROUP, version: str = VERSION) -> dict | None:
+        """The openAPIV3Schema of CRD ``plural.group`` at ``version`` as installed; None where this user may
+        not read CRDs (they are cluster-scoped: many namespace users cannot)."""
+        from kubernetes import client
+
+        ext = client.ApiextensionsV1Api(self.api_client)
+        try:
+            crd = self.call(f"read CRD {plural}.{group}", ext.read_custom_resource_definition, f"{plural}.{group}")
+        except Forbidden:
+            return None
+        except NotFound:
+            raise ClusterError(
+                f"the KubeRay CRD {plural}.{group} ({version}) is not installed on {self.server}: {INSTALL_HINT}"
+            ) from None
+        for v in (crd.get("spec") or {}).get("versions") or []:
+            if v.get("name") == version:
+                return ((v.get("schema") or {}).get("openAPIV3Schema")) or {}
+        return {}
+
+
+def schema_at(schema: dict, *path: str) -> dict | None:
+    """The sub-schema of ``schema`` at the property ``path`` (None where the schema does not name it)."""
+    for key in path:
+        props = (schema or {}).get("properties") or {}
+        if key not in props:
+            return None
+        schema = props[key]
+    return schema
+
+
+def auth_options_known(kube: Kube, plural: str) -> bool:
+    """Whether the installed KubeRay CRD (``rayclusters``: spec.authOptions; ``rayjobs``: its rayClusterSpec's)
+    knows ``authOptions`` (KubeRay >= 1.5.1). True where the CRD cannot be read (no permission): then the
+    server-side apply itself refuses the field on an older KubeRay."""
+    schema = kube.crd_schema(plural)
+    if schema is None:
+        return True
+    path = ("spec", "authOptions") if plural == "rayclusters" else ("spec", "rayClusterSpec", "authOptions")
+    return schema_at(schema, *path) is not None
 
 
 class RayObjects:

@@ -32,10 +32,15 @@ HEAD_PORTS = [
 ]
 SHM_VOLUME = "dshm"
 STORAGE_VOLUME = "raytrain-storage"
-# Ray's token auth: the token lives in a Secret raytrain creates (never in a manifest); every Ray container
-# and the RayJob submitter read it through secretKeyRef.
+# Ray's token auth: the token lives in a Secret raytrain creates (never in a manifest). The RayCluster spec names
+# it in `authOptions` (KubeRay >= 1.5.1: the operator then injects it into every Ray container, the init and
+# submitter containers, and sends it on its own dashboard calls, which a RayJob's status depends on); the Ray
+# containers also read it through secretKeyRef, so a KubeRay whose schema prunes `authOptions` still runs an
+# authenticated Ray (the operator skips env a container already has).
 CLUSTER_LABEL = "raytrain.io/cluster"  # on every pod of one raytrain RayCluster or RayJob (NetworkPolicy)
-AUTH_SECRET_KEY = "token"
+AUTH_SECRET_KEY = "auth_token"  # the key KubeRay's authOptions.secretName requires
+LEGACY_AUTH_SECRET_KEY = "token"  # Secrets made by raytrain before authOptions
+KUBERAY_AUTH_VERSION = "1.5.1"  # the first KubeRay with spec.authOptions
 SUBMITTER_CONTAINER = "ray-job-submitter"  # the container of KubeRay's submitter Job (K8sJobMode)
 
 
@@ -61,9 +66,22 @@ def _auth_env(owner: str, *, optional: bool = False) -> list[dict[str, Any]]:
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
+def auth_options(owner: str) -> dict[str, Any]:
+    """The RayCluster spec's ``authOptions``: token auth with raytrain's Secret (KubeRay makes none then)."""
+    return {"mode": "token", "secretName": auth_secret_name(owner)}
+
+
+def _seccomp(value: str) -> dict[str, Any]:
+    if value.startswith("Localhost/"):
+        return {"type": "Localhost", "localhostProfile": value.split("/", 1)[1]}
+    return {"type": value}
+
+
 def _pod_security(profile: K8sProfile) -> dict[str, Any]:
     sec = profile.security
     out: dict[str, Any] = {}
+    if sec.seccomp_profile:  # Pod Security "restricted" requires RuntimeDefault (or Localhost)
+        out["seccompProfile"] = _seccomp(sec.seccomp_profile)
     if sec.run_as_user is not None:
         out["runAsUser"] = sec.run_as_user
         out["runAsNonRoot"] = sec.run_as_user != 0
@@ -85,8 +103,10 @@ def render_auth_secret(owner: str, namespace: str, profile: K8sProfile, token: s
 
 
 def render_network_policy(owner: str, namespace: str, profile: K8sProfile) -> dict[str, Any]:
-    """Only the pods of this cluster reach its head (GCS, dashboard, client ports); the KubeRay operator's
-    namespace reaches the dashboard port (it polls job status there). A port-forward is not affected."""
+    """Only the pods of this cluster reach any of its pods: the head (GCS, dashboard, client ports) and the
+    workers (raylet, object manager, rank 0's rendezvous store, gloo/NCCL); the KubeRay operator's namespace
+    reaches the dashboard port, which only the head listens on (it polls job status there). A port-forward
+    (through the API server and kubelet) is not affected."""
     own = {"podSelector": {"matchLabels": {CLUSTER_LABEL: owner}}}
     operator = {"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": profile.security.operator_namespace}}}
@@ -95,7 +115,7 @@ def render_network_policy(owner: str, namespace: str, profile: K8sProfile) -> di
         "metadata": {"name": network_policy_name(owner), "namespace": namespace,
                      "labels": _labels(profile, **{CLUSTER_LABEL: owner})},
         "spec": {
-            "podSelector": {"matchLabels": {CLUSTER_LABEL: owner, "ray.io/node-type": "head"}},
+            "podSelector": {"matchLabels": {CLUSTER_LABEL: owner}},
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [own]},
@@ -153,9 +173,15 @@ def _container_resources(group: PodGroup) -> dict[str, Any]:
 
 
 def _secret_env(secret_env: dict[str, tuple[str, str]] | None) -> list[dict[str, Any]]:
-    """``--env-from-secret``: {NAME: (SECRET, KEY)} as container env read from Secrets."""
+    """The profile's ``env-from-secret`` and ``--env-from-secret``: {NAME: (SECRET, KEY)} as container env
+    read from Secrets (the value is never in the object, the runtime env or --dry-run output)."""
     return [{"name": n, "valueFrom": {"secretKeyRef": {"name": sec, "key": key}}}
             for n, (sec, key) in (secret_env or {}).items()]
+
+
+def secret_env_of(profile: K8sProfile, flag: dict[str, tuple[str, str]] | None = None) -> dict[str, tuple[str, str]]:
+    """The profile's env-from-secret, with --env-from-secret's entries winning."""
+    return {**profile.env_from_secret, **(flag or {})}
 
 
 def _pod_template(
@@ -169,7 +195,8 @@ def _pod_template(
     if head:
         container["ports"] = [dict(p) for p in HEAD_PORTS]
     container["resources"] = _container_resources(group)
-    env = [{"name": k, "value": v} for k, v in profile.env.items()] + _secret_env(secret_env)
+    secret_env = secret_env_of(profile, secret_env)
+    env = [{"name": k, "value": v} for k, v in profile.env.items() if k not in secret_env] + _secret_env(secret_env)
     env += _auth_env(owner) if owner else []
     if env:
         container["env"] = env
@@ -218,8 +245,11 @@ def render_raycluster_spec(
         "rayStartParams": dict(w.ray_start_params),
         "template": _pod_template(profile, w, "ray-worker", head=False, owner=owner, secret_env=secret_env),
     }
+    spec: dict[str, Any] = {"rayVersion": profile.ray_version}
+    if owner:
+        spec["authOptions"] = auth_options(owner)
     return {
-        "rayVersion": profile.ray_version,
+        **spec,
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
             # The dashboard (Jobs API) stays inside the cluster: reach it with a port-forward.
@@ -383,3 +413,46 @@ def to_yaml(documents: list[dict[str, Any]]) -> str:
 
     _Dumper.add_representer(str, _str)
     return "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, default_flow_style=False) for d in documents)
+
+
+# -- an existing RayCluster ------------------------------------------------------------------------------
+def _templates(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    head = (spec.get("headGroupSpec") or {}).get("template") or {}
+    return [head, *((g.get("template") or {}) for g in spec.get("workerGroupSpecs") or [])]
+
+
+def _ray_container_env(template: dict[str, Any]) -> list[dict[str, Any]]:
+    containers = ((template.get("spec") or {}).get("containers")) or [{}]
+    return list(containers[0].get("env") or [])  # the Ray container is the first (KubeRay's rule)
+
+
+def require_secret_env(cluster: dict[str, Any], secret_env: dict[str, tuple[str, str]], flag: str) -> None:
+    """``--env-from-secret`` with an existing RayCluster: its pods already run, so their env cannot change. Accepted
+    where every Ray container already reads NAME from SECRET/KEY; else one line naming the profile key."""
+    spec, name = cluster.get("spec") or {}, (cluster.get("metadata") or {}).get("name", "")
+    missing = []
+    for env_name, (secret, key) in secret_env.items():
+        want = {"secretKeyRef": {"name": secret, "key": key}}
+        for template in _templates(spec):
+            found = [e for e in _ray_container_env(template) if e.get("name") == env_name]
+            ref = ((found[0].get("valueFrom") or {}).get("secretKeyRef") or {}) if found else {}
+            if {"secretKeyRef": {"name": ref.get("name"), "key": ref.get("key")}} != want:
+                missing.append(f"{env_name}={secret}/{key}")
+                break
+    if missing:
+        raise ConfigError(
+            f"{flag} {', '.join(missing)}: the pods of RayCluster {name} already run and do not read it; put it in "
+            f"the RayCluster's profile (`env-from-secret: {{{missing[0].split('=')[0]}: "
+            f"{missing[0].split('=', 1)[1]}}}`) and re-create the cluster (`raytrain cluster down`, then `up`)",
+            flag=flag,
+        )
+
+
+def uses_hand_set_auth(cluster: dict[str, Any]) -> bool:
+    """A RayCluster whose Ray requires a token but whose spec has no ``authOptions`` (made on a KubeRay older
+    than 1.5.1, or by an older raytrain): KubeRay's operator sends no token to it."""
+    spec = cluster.get("spec") or {}
+    if (spec.get("authOptions") or {}).get("mode") == "token":
+        return False
+    return any(e.get("name") == "RAY_AUTH_MODE" and e.get("value") == "token"
+               for t in _templates(spec) for e in _ray_container_env(t))

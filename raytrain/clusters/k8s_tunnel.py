@@ -4,6 +4,7 @@ pod port-forward (the head Service is ClusterIP and stays unexposed).
 """
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -62,8 +63,31 @@ class Forwarder(Protocol):
     def close(self) -> None: ...
 
 
+def _proc_net_address(host: str, port: int) -> str:
+    """An IPv4 address as /proc/net/tcp writes it (little-endian hex, then the port)."""
+    return f"{socket.inet_aton(host)[::-1].hex().upper()}:{port:04X}"
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid owning the far end of a loopback TCP connection (Linux: /proc/net/tcp); None where unknown."""
+    try:
+        peer, ours = conn.getpeername(), conn.getsockname()
+        lines = open("/proc/net/tcp").read().splitlines()[1:]
+    except OSError:
+        return None
+    # the client's socket: local address = our peer, remote address = our end
+    want = (_proc_net_address(peer[0], peer[1]), _proc_net_address(ours[0], ours[1]))
+    for line in lines:
+        cols = line.split()
+        if len(cols) > 7 and (cols[1], cols[2]) == want:
+            return int(cols[7])
+    return None
+
+
 class KubePortForward:
-    """A local TCP listener; each connection is carried over its own pod port-forward (websocket) stream."""
+    """A local TCP listener on 127.0.0.1; each connection is carried over its own pod port-forward (websocket)
+    stream. Any local user could connect to 127.0.0.1, so where the kernel says who connected (Linux), only
+    this user's connections are carried; close() ends the listener and every connection it carries."""
 
     def __init__(self, kube: Kube, request: PortForwardRequest):
         self.kube = kube
@@ -72,6 +96,8 @@ class KubePortForward:
         self._lock = threading.Lock()
         self._pod: str | None = None
         self._api = None
+        self._conns: set[socket.socket] = set()
+        self.refused = 0  # connections from another user, closed unanswered
 
     def head_pod(self) -> str:
         r = self.request
@@ -138,9 +164,20 @@ class KubePortForward:
             threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
 
     def _pump(self, conn: socket.socket) -> None:
+        uid = peer_uid(conn)
+        if uid is not None and uid != os.getuid():
+            self.refused += 1
+            conn.close()
+            return
+        with self._lock:
+            if self._listener is None:  # closed meanwhile
+                conn.close()
+                return
+            self._conns.add(conn)
         try:
             pf, remote = self._remote()
         except ClusterError:
+            self._conns.discard(conn)
             conn.close()
             return
         try:
@@ -154,6 +191,7 @@ class KubePortForward:
         except OSError:
             return
         finally:
+            self._conns.discard(conn)
             conn.close()
             remote.close()
             pf.close()
@@ -166,3 +204,10 @@ class KubePortForward:
             except OSError:
                 pass
             listener.close()
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:  # a follow's log stream, a keep-alive connection: nothing is carried after close
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

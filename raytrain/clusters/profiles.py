@@ -87,7 +87,9 @@ class Security:
     run_as_group: int | None = 100
     fs_group: int | None = 100  # volumes (the checkpoint PVC) writable by the pods' group
     automount_service_account_token: bool = False  # true where the pods call the Kubernetes API themselves
-    network_policy: bool = True  # admit only the cluster's own pods (and the operator) to the head
+    network_policy: bool = True  # admit only the cluster's own pods to any of its pods (the operator: the dashboard)
+    # RuntimeDefault (what Pod Security "restricted" requires), Unconfined, Localhost/<path>; null: not set
+    seccomp_profile: str | None = "RuntimeDefault"
     operator_namespace: str = "kuberay-system"  # the KubeRay operator's namespace (it polls the head's dashboard)
 
 
@@ -102,6 +104,8 @@ class K8sProfile:
     image_pull_policy: str | None = None
     service_account: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # NAME: SECRET/KEY (or {secret: S, key: K}): container env read from a Secret (secretKeyRef), never a value
+    env_from_secret: dict[str, tuple[str, str]] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     head: PodGroup = field(default_factory=lambda: PodGroup(cpu="2", memory="8Gi", gpu=0, shm="2Gi"))
     workers: WorkerGroup = field(
@@ -200,6 +204,10 @@ def check_k8s_profile(profile: K8sProfile, path: str = "<built-in>") -> K8sProfi
             raise _fail(path, f"{key.replace('_', '-')} must be a non-empty string")
     profile.env = _str_map(path, "env", profile.env)
     profile.labels = _str_map(path, "labels", profile.labels)
+    profile.env_from_secret = _secret_refs(path, profile.env_from_secret)
+    clash = sorted(set(profile.env) & set(profile.env_from_secret))
+    if clash:
+        raise _fail(path, f"env and env-from-secret both set {', '.join(clash)}: keep one")
     _check_group(profile.head, path, "head")
     _check_group(profile.workers, path, "workers")
     w = profile.workers
@@ -224,6 +232,36 @@ def check_k8s_profile(profile: K8sProfile, path: str = "<built-in>") -> K8sProfi
     return profile
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+def _secret_refs(path: str, value: Any) -> dict[str, tuple[str, str]]:
+    """``env-from-secret``: {NAME: "SECRET/KEY" or {secret: SECRET, key: KEY}} -> {NAME: (SECRET, KEY)}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(path, "env-from-secret must be a mapping NAME: SECRET/KEY (e.g. WANDB_API_KEY: wandb/api-key)")
+    out: dict[str, tuple[str, str]] = {}
+    for name, ref in value.items():
+        if isinstance(ref, (tuple, list)) and len(ref) == 2:
+            secret, key = (str(x) for x in ref)
+        elif isinstance(ref, dict) and set(ref) == {"secret", "key"}:
+            secret, key = str(ref["secret"]), str(ref["key"])
+        elif isinstance(ref, str):
+            secret, _, key = ref.partition("/")
+        else:
+            secret = key = ""
+        if not _ENV_NAME.match(str(name)) or not _SECRET_NAME.match(secret) or not _SECRET_KEY.match(key):
+            raise _fail(path, f"env-from-secret {name}: {ref!r}: expected NAME: SECRET/KEY "
+                              "(e.g. WANDB_API_KEY: wandb/api-key)")
+        if str(name).startswith("RAY_AUTH_"):
+            raise _fail(path, f"env-from-secret {name}: raytrain sets RAY_AUTH_* itself (token auth)")
+        out[str(name)] = (secret, key)
+    return out
+
+
 _K8S_NESTED = {
     "head": PodGroup, "workers": WorkerGroup, "storage": Storage, "rayjob": RayJobDefaults, "security": Security,
 }
@@ -237,6 +275,13 @@ def _check_security(sec: Security, path: str) -> None:
         if not isinstance(getattr(sec, key), bool):
             raise _fail(path, f"security.{key.replace('_', '-')} {getattr(sec, key)!r}: must be true or false")
     check_namespace(sec.operator_namespace, flag="--profile", what=f"--profile {path}: security.operator-namespace")
+    seccomp = sec.seccomp_profile
+    if seccomp is not None and not (
+        seccomp in ("RuntimeDefault", "Unconfined")
+        or (isinstance(seccomp, str) and seccomp.startswith("Localhost/") and len(seccomp) > len("Localhost/"))
+    ):
+        raise _fail(path, f"security.seccomp-profile {seccomp!r}: use RuntimeDefault, Unconfined, "
+                          "Localhost/<profile path> or null")
 
 
 def parse_cluster_profile(data: Any, path: str = "<profile>") -> LocalProfile | K8sProfile:

@@ -7,10 +7,11 @@ from typing import Any
 
 from raytrain.capacity import Node
 from raytrain.clusters.base import Cluster
-from raytrain.clusters.k8s_client import KubeConnection, RayObjects
+from raytrain.clusters.k8s_client import KubeConnection, RayObjects, auth_options_known
 from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_manifests import (
     DASHBOARD_PORT,
+    KUBERAY_AUTH_VERSION,
     MANAGED_BY,
     STORAGE_ANNOTATION,
     auth_secret_name,
@@ -181,9 +182,24 @@ class KubeRayCluster(Cluster):
         if dry_run:
             return secret_note(name) + to_yaml([manifest, *security_manifests(name, clusters.namespace, profile)])
         self._refuse_foreign(clusters.get(name), "take over")
+        note = (f"  note: this KubeRay has no spec.authOptions (KubeRay >= {KUBERAY_AUTH_VERSION} needed): Ray "
+                "requires the token, but `submit --rayjob --cluster` is refused on this cluster\n")
+        # KubeRay < 1.5.1 refuses the field; the Ray containers' own RAY_AUTH_* keep Ray authenticated
+        # (raytrain's port-forward sends the token), but the operator cannot reach the dashboard (RayJobs).
+        old_kuberay = not auth_options_known(self.conn.kube, "rayclusters")
+        if old_kuberay:
+            del manifest["spec"]["authOptions"]
         guard = ClusterGuard(self.conn.kube, clusters.namespace)
         guarded = guard.ensure(name, profile)
-        result = clusters.apply(manifest)
+        try:
+            result = clusters.apply(manifest)
+        except ClusterError as exc:  # a CRD this user could not read, from before authOptions
+            if old_kuberay or "authOptions" not in str(exc):
+                raise
+            del manifest["spec"]["authOptions"]
+            old_kuberay = True
+            result = clusters.apply(manifest)
+        note = note if old_kuberay else ""
         if guarded:
             guard.adopt(name, result.obj)
         w = profile.workers
@@ -193,7 +209,7 @@ class KubeRayCluster(Cluster):
             f"RayCluster {clusters.namespace}/{name} {result.action}: head {profile.head.cpu} CPU; "
             f"{w.replicas} x {w.group_name} ({w.cpu} CPU{gpu}, {w.memory})\n"
             f"  status: raytrain cluster status --k8s --name {name}{ns}\n"
-            f"  submit: raytrain submit JOB.py --k8s --cluster {name}{ns}\n"
+            f"  submit: raytrain submit JOB.py --k8s --cluster {name}{ns}\n" + note
         )
 
     def status(self) -> dict[str, Any]:

@@ -287,3 +287,9 @@ class Target(abc.ABC):
 
     def close(self) -> None:
         """Release what the target opened (a port-forward); it may be used again afterwards."""
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()  # `with make_target(...) as target:` leaves no port-forward open

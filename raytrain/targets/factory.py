@@ -34,7 +34,7 @@ class TargetOptions:
     profile: str | None = None  # k8s: cluster profile file (the RayJob's cluster, the namespace)
     working_dir: str | None = None  # k8s --rayjob: the job's folder as the cluster sees it
     submission_id: str | None = None  # k8s --rayjob: the RayJob's name
-    env_from_secret: tuple[str, ...] = ()  # k8s --rayjob: NAME=SECRET/KEY, the pods' env from a Secret
+    env_from_secret: tuple[str, ...] = ()  # k8s: NAME=SECRET/KEY, the pods' env from a Secret
     namespace: str | None = None
     context: str | None = None
     kubeconfig: str | None = None
@@ -105,7 +105,7 @@ def _kuberay_target(options: TargetOptions) -> Target:
             submission_id=options.submission_id,
             env_from_secret=parse_env_from_secret(options.env_from_secret),
         )
-    for name in ("working_dir", "submission_id", "env_from_secret"):
+    for name in ("working_dir", "submission_id"):
         if getattr(options, name):
             raise ConfigError(
                 f"{K8S_FLAGS[name]} is for --rayjob; without it raytrain uploads the job's folder through a "
@@ -118,6 +118,7 @@ def _kuberay_target(options: TargetOptions) -> Target:
         ray_cluster=options.cluster or profile.name,
         namespace=options.namespace,
         default_namespace=profile.namespace,
+        env_from_secret=parse_env_from_secret(options.env_from_secret),
     )
 
 

@@ -13,7 +13,7 @@ from raytrain.capacity import Node
 from raytrain.clusters.dashboard import user_token
 from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_client import KubeConnection
-from raytrain.clusters.k8s_manifests import STORAGE_ANNOTATION, nodes_from_spec
+from raytrain.clusters.k8s_manifests import STORAGE_ANNOTATION, nodes_from_spec, require_secret_env
 from raytrain.clusters.k8s_names import check_name
 from raytrain.clusters.k8s_tunnel import Forwarder, KubePortForward, PortForwardRequest, build_port_forward
 from raytrain.clusters.raycluster import RayClusters, head_service_name
@@ -41,12 +41,14 @@ class RayClusterJobsTarget(RayJobsTarget):
         python: str = "python",
         token: str | None = None,
         forwarder: Callable[[PortForwardRequest], Forwarder] | None = None,
+        env_from_secret: dict[str, tuple[str, str]] | None = None,
     ):
         check_name("RayCluster", ray_cluster, flag="--cluster")
         self.conn = conn
         self.ray_cluster = ray_cluster
         self.namespace = conn.namespace(namespace, default_namespace)
         self.local_port = local_port
+        self.env_from_secret = dict(env_from_secret or {})  # must already be in the RayCluster's pods
         self._forwarder_factory = forwarder or (lambda req: KubePortForward(self.conn.kube, req))
         self._forwarder: Forwarder | None = None
         self._raycluster: dict | None = None
@@ -74,6 +76,8 @@ class RayClusterJobsTarget(RayJobsTarget):
         return ((self.raycluster().get("metadata") or {}).get("annotations") or {}).get(STORAGE_ANNOTATION)
 
     def dry_run(self, plan: Plan) -> K8sRequest:
+        if self.env_from_secret:
+            require_secret_env(self.raycluster(), self.env_from_secret, "--env-from-secret")
         forward = self.port_forward_request()
         base = super().dry_run(plan)
         fields = {k: getattr(base, k) for k in base.__dataclass_fields__}
@@ -101,8 +105,10 @@ class RayClusterJobsTarget(RayJobsTarget):
         return self._token
 
     def close(self) -> None:
-        if self._forwarder is not None:
-            self._forwarder.close()
+        """End the port-forward: its local end (127.0.0.1) carries nothing afterwards. Opened again on next use."""
+        forwarder, self._forwarder = self._forwarder, None
+        if forwarder is not None:
+            forwarder.close()
 
     @property
     def client(self):

@@ -16,12 +16,15 @@ import raytrain
 from raytrain import settings
 from raytrain.capacity import Node
 from raytrain.clusters.k8s_auth import ClusterGuard
-from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects
+from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects, auth_options_known
 from raytrain.clusters.k8s_manifests import (
+    KUBERAY_AUTH_VERSION,
     MANAGED_BY,
     STORAGE_ANNOTATION,
     SUBMITTER_CONTAINER,
     auth_secret_name,
+    require_secret_env,
+    uses_hand_set_auth,
     security_manifests,
     nodes_from_spec,
     rayjob_name,
@@ -179,12 +182,7 @@ class RayJobTarget(Target):
         self.ray_cluster = ray_cluster  # clusterSelector mode when set; else the RayJob brings its own cluster
         self.working_dir = working_dir
         self.submission_id = submission_id
-        self.env_from_secret = dict(env_from_secret or {})
-        if self.env_from_secret and ray_cluster:
-            raise ConfigError(
-                "--env-from-secret sets the env of the RayJob's own pods: it cannot reach the pods of an existing "
-                "--cluster (give that RayCluster's profile `env`, or leave --cluster out)", flag="--env-from-secret",
-            )
+        self.env_from_secret = dict(env_from_secret or {})  # with --cluster: checked against its pods (dry_run)
         self.python = python
         self.poll_s = (settings.get("RAYTRAIN_K8S_POLL_S") or DEFAULT_POLL_S) if poll_s is None else poll_s
         self._namespace: str | None = None
@@ -275,6 +273,8 @@ class RayJobTarget(Target):
 
     def dry_run(self, plan: Plan) -> K8sRequest:
         working_dir = self._working_dir()
+        if self.ray_cluster and self.env_from_secret:
+            require_secret_env(self._existing_cluster(), self.env_from_secret, "--env-from-secret")
         plan = with_default_storage(plan, self.default_storage())
         name = self.submission_id or rayjob_name(plan.name)
         worker_replicas = 0
@@ -326,15 +326,38 @@ class RayJobTarget(Target):
                 "pick another --submission-id (or leave it out for a fresh one)"
             )
         if self.ray_cluster:
-            self._existing_cluster()  # one clear line if the RayCluster is gone
+            if uses_hand_set_auth(self._existing_cluster()):  # also one clear line if the RayCluster is gone
+                raise ConfigError(
+                    f"--rayjob --cluster {self.ray_cluster}: this RayCluster requires a Ray token but its spec has no "
+                    f"authOptions, so the KubeRay operator cannot read its jobs' status; re-create it with `raytrain "
+                    f"cluster up --k8s` on KubeRay >= {KUBERAY_AUTH_VERSION}, or leave out --rayjob (raytrain's "
+                    "port-forward sends the token)", flag="--rayjob",
+                )
             rayjobs.apply(manifest, force=False)
         else:  # its own cluster: its own token Secret and NetworkPolicy, deleted with the RayJob
+            if not auth_options_known(self.conn.kube, "rayjobs"):  # before anything is created
+                raise self._old_kuberay()
             guard = ClusterGuard(self.conn.kube, request.namespace)
             guarded = guard.ensure(name, self.profile)
-            obj = rayjobs.apply(manifest, force=False)
+            try:
+                obj = rayjobs.apply(manifest, force=False)
+            except ClusterError as exc:  # a CRD this user could not read, from before authOptions
+                if "authOptions" not in str(exc):
+                    raise
+                guard.delete(name)
+                raise self._old_kuberay() from None
             if guarded:
                 guard.adopt(name, obj)
         return JobHandle(self.kind, request.address, name, request.metadata.get("name", ""))
+
+    def _old_kuberay(self) -> ConfigError:
+        return ConfigError(
+            f"--rayjob: the KubeRay on {self.conn.kube.server} has no spec.authOptions (KubeRay >= "
+            f"{KUBERAY_AUTH_VERSION} needed), so its operator could not authenticate to the job's token-protected "
+            "Ray cluster and the RayJob would never finish; upgrade KubeRay, or leave out --rayjob: `raytrain "
+            "cluster up --k8s`, then `raytrain submit JOB --k8s --cluster NAME` (raytrain's port-forward)",
+            flag="--rayjob",
+        )
 
     def _get(self, job_id: str) -> dict:
         obj = self.rayjobs.get(job_id)

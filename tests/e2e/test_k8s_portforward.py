@@ -104,3 +104,41 @@ def test_a_raycluster_from_the_api_server_runs_a_job_through_raytrains_port_forw
         assert listed[handle.job_id].state.value == "succeeded"
     finally:
         target.close()
+
+
+def test_submit_and_follow_through_the_cli_closes_the_port_forward(cli, monkeypatch, tmp_path, kube_namespace):
+    """`raytrain submit --k8s --cluster NAME` (following the job to its end, in-process): once the command has
+    returned, the port-forward's local end (127.0.0.1, open to every local user) accepts nothing."""
+    from click.testing import CliRunner
+
+    from raytrain.cli.main import main
+    from raytrain.targets import k8s_portforward
+
+    monkeypatch.setenv("RAYTRAIN_HOME", cli.env["RAYTRAIN_HOME"])
+    head = local_head.current()
+    assert head is not None, "the e2e cluster should be running"
+    conn, namespace = kube_namespace
+    profile = parse_cluster_profile(
+        {"kind": "kuberay", "name": "local", "workers": {"group-name": "cpu", "cpu": 2, "gpu": 0, "replicas": 1}}
+    )
+    clusters = RayClusters(conn, namespace)
+    clusters.apply(clusters.render(profile, "local"))
+    dashboard_port = int(head.dashboard_url.rsplit(":", 1)[1])
+    forwarders = []
+
+    class ToLocalHead(RayClusterJobsTarget):  # what the CLI builds, its pod streams going to the local head
+        def __init__(self, conn, **kw):
+            def forwarder(request):
+                forwarders.append(StreamsToLocalHead(conn.kube, request, dashboard_port))
+                return forwarders[-1]
+
+            super().__init__(conn, python=sys.executable, token=head.token, forwarder=forwarder, **kw)
+
+    monkeypatch.setattr(k8s_portforward, "RayClusterJobsTarget", ToLocalHead)
+    r = CliRunner().invoke(main, [
+        "submit", str(JOBS / "cnn.py"), "--k8s", "--cluster", "local", "-n", namespace,
+        "--kubeconfig", os.environ[KUBECONFIG], "--workers", "2", "--zero", "1", "--storage", str(tmp_path / "runs"),
+        "--", "--steps", "2"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "succeeded" in r.output and len(forwarders) == 1
+    assert forwarders[0]._listener is None  # closed when the command ended

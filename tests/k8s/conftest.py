@@ -4,9 +4,12 @@ The server is named by $RAYTRAIN_TEST_KUBECONFIG (a kubeconfig path), so the sam
 shared loopback server (`../shared/k8s-apiserver/start.sh RUN_DIR` prints one; `.ci/run` starts it) or
 against a real cluster (kind, a cloud cluster). Without it every test here is skipped, saying why.
 
-The loopback server has no Pods and no KubeRay operator: tests play the operator by patching `/status`.
+The loopback server has no Pods and no KubeRay operator: tests play the operator by patching `/status`. Its
+KubeRay CRDs are KubeRay 1.6.2's own (full schemas): a field KubeRay does not know is pruned, as on a real
+cluster, and the server fills schema defaults (`with_defaults` says which).
 Each test works in its own namespace and deletes what it created.
 """
+import copy
 import os
 import secrets
 import threading
@@ -16,10 +19,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raytrain.clusters.k8s_client import schema_at
 from tests.conftest import ROOT
 
 ENV = "RAYTRAIN_TEST_KUBECONFIG"
-CRDS = ROOT.parent / "shared" / "k8s-apiserver" / "kuberay-crds.yaml"
+# KubeRay 1.6.2's own CRDs ($RAYTRAIN_TEST_KUBERAY_CRDS: the same file elsewhere, e.g. from a git worktree)
+CRDS = Path(os.environ.get("RAYTRAIN_TEST_KUBERAY_CRDS")
+            or ROOT.parent / "shared" / "k8s-apiserver" / "kuberay-crds-1.6.2.yaml")
+REAL_MARK = "controller-gen.kubebuilder.io/version"  # on KubeRay's generated CRDs, not on hand-written stand-ins
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get(ENV):
@@ -52,29 +59,73 @@ def kube(kubeconfig):
 
 
 def _ensure_crds(kube) -> None:
-    """Apply the stand-in KubeRay CRDs where the server lacks them (never touches a real KubeRay install)."""
+    """Install KubeRay 1.6.2's real CRDs where the server lacks them, and in place of the hand-written
+    stand-ins an older run of these tests may have left (no controller-gen annotation); a real KubeRay install
+    (annotated by controller-gen) is never touched."""
     from kubernetes import client
 
     ext = client.ApiextensionsV1Api(kube.api_client)
-    served = {c.metadata.name for c in ext.list_custom_resource_definition().items}
+    served = {c.metadata.name: c for c in ext.list_custom_resource_definition().items}
     wanted = list(yaml.safe_load_all(CRDS.read_text())) if CRDS.is_file() else []
-    missing = [d for d in wanted if d["metadata"]["name"] not in served]
-    if not missing and {"rayjobs.ray.io", "rayclusters.ray.io"} <= served:
-        return
     if not wanted:
-        pytest.fail(f"the server lacks the KubeRay CRDs and {CRDS} is not there to create stand-ins")
-    for doc in missing:
-        ext.create_custom_resource_definition(doc)
+        if {"rayjobs.ray.io", "rayclusters.ray.io"} <= set(served):
+            return
+        pytest.fail(f"the server lacks the KubeRay CRDs and {CRDS} is not there to create them")
+    changed = []
+    for doc in wanted:
+        name = doc["metadata"]["name"]
+        have = served.get(name)
+        if have is None:
+            ext.create_custom_resource_definition(doc)
+            changed.append(name)
+        elif REAL_MARK not in (have.metadata.annotations or {}):  # a stand-in: replace it with the real one
+            doc = {**doc, "metadata": {**doc["metadata"], "resourceVersion": have.metadata.resource_version}}
+            ext.replace_custom_resource_definition(name, doc)
+            changed.append(name)
     deadline = time.monotonic() + 30
-    for doc in missing:
+    for name in changed:
         while True:
-            crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
+            crd = ext.read_custom_resource_definition(name)
             conditions = {c.type: c.status for c in (crd.status.conditions or [])}
             if conditions.get("Established") == "True":
                 break
-            assert time.monotonic() < deadline, f"CRD {doc['metadata']['name']} not established in 30 s"
+            assert time.monotonic() < deadline, f"CRD {name} not established in 30 s"
             time.sleep(0.2)
-    time.sleep(0.5)  # discovery catches up
+    if changed:
+        time.sleep(1.0)  # discovery and the new schema catch up
+
+
+@pytest.fixture(scope="session")
+def schemas(kube) -> dict:
+    """The installed CRDs' openAPIV3Schema by kind (RayCluster, RayJob)."""
+    return {kind: kube.crd_schema(plural) for kind, plural in (("RayCluster", "rayclusters"), ("RayJob", "rayjobs"))}
+
+
+def with_defaults(value, schema: dict):
+    """``value`` as the API server stores it: every schema default filled in where the value leaves it out
+    (recursively, as the server's structural defaulting does); nothing else added or changed."""
+    schema = schema or {}
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        out = {}
+        for key, item in value.items():
+            sub = props.get(key)
+            if sub is None and isinstance(schema.get("additionalProperties"), dict):
+                sub = schema["additionalProperties"]
+            out[key] = with_defaults(item, sub or {})
+        for key, sub in props.items():
+            if key not in out and "default" in sub:
+                out[key] = with_defaults(copy.deepcopy(sub["default"]), sub)
+        return out
+    if isinstance(value, list):
+        return [with_defaults(item, schema.get("items") or {}) for item in value]
+    return value
+
+
+@pytest.fixture(scope="session")
+def stored(schemas):
+    """``stored(manifest)``: the spec the server keeps for a RayCluster/RayJob manifest (schema defaults added)."""
+    return lambda manifest: with_defaults(manifest["spec"], schema_at(schemas[manifest["kind"]], "spec"))
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ from tests.conftest import ROOT
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
 
 
-def test_cluster_up_creates_a_raycluster_matching_the_profile(cli, namespace, rayclusters):
+def test_cluster_up_creates_a_raycluster_matching_the_profile(cli, namespace, rayclusters, stored):
     r = cli("cluster", "up", "--profile", EXAMPLE, "--namespace", namespace)
     assert r.exit_code == 0, r.output
     assert f"RayCluster {namespace}/raytrain created" in r.output
 
     obj = rayclusters.get("raytrain")
     profile = load_cluster_profile(EXAMPLE)
-    assert obj["spec"] == render_raycluster(profile, "raytrain", namespace)["spec"]
+    assert obj["spec"] == stored(render_raycluster(profile, "raytrain", namespace))
     assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "raytrain"
     assert obj["metadata"]["annotations"]["raytrain.io/storage"] == "/mnt/checkpoints"
 
@@ -59,14 +59,14 @@ def test_cluster_up_twice_is_idempotent_and_a_changed_profile_updates(cli, names
     assert updated["spec"]["workerGroupSpecs"][0]["replicas"] == 3 and updated["metadata"]["generation"] == 2
 
 
-def test_dry_run_prints_what_up_applies_and_applies_nothing(cli, namespace, rayclusters):
+def test_dry_run_prints_what_up_applies_and_applies_nothing(cli, namespace, rayclusters, stored):
     r = cli("cluster", "up", "--k8s", "--profile", EXAMPLE, "--namespace", namespace, "--name", "dry", "--dry-run")
     assert r.exit_code == 0, r.output
     printed = next(yaml.safe_load_all(r.output))
     assert rayclusters.get("dry") is None
     assert cli("cluster", "up", "--k8s", "--profile", EXAMPLE, "--namespace", namespace, "--name", "dry").exit_code == 0
     obj = rayclusters.get("dry")
-    assert obj["spec"] == printed["spec"]
+    assert obj["spec"] == stored(printed)
     assert {k: obj["metadata"][k] for k in printed["metadata"]} == printed["metadata"]
 
 
@@ -100,7 +100,7 @@ def test_invalid_cluster_name_is_refused_before_anything_is_created(cli, namespa
     assert rayclusters.list() == []
 
 
-def test_the_shipped_manifests_pass_the_servers_schema(kube, namespace):
+def test_the_shipped_manifests_pass_the_servers_schema(kube, namespace, stored):
     """k8s/raycluster.yaml and k8s/rayjob.yaml, applied as a user would (namespace changed to the test's)."""
     from raytrain.clusters.k8s_client import RayObjects
 
@@ -110,7 +110,7 @@ def test_the_shipped_manifests_pass_the_servers_schema(kube, namespace):
         doc = docs[0]
         doc["metadata"]["namespace"] = namespace
         obj = RayObjects(kube, plural, namespace).apply(doc)
-        assert obj["spec"] == doc["spec"]
+        assert obj["spec"] == stored(doc)
 
 
 def test_a_raycluster_raytrain_did_not_make_is_never_taken_over_or_deleted(cli, namespace, rayclusters):

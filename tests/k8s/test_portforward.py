@@ -152,3 +152,36 @@ def test_no_pods_api_is_one_line(kube, namespace, cli):
         assert "no running head pod" in str(exc) or "serves no Pods" in str(exc)
     else:  # a real cluster without KubeRay's operator has no head pod either
         pytest.fail("expected a ClusterError")
+
+
+def test_the_cli_closes_the_port_forward_when_the_command_ends(cli, namespace, far_end, monkeypatch):
+    """The local end (127.0.0.1, open to every local user) lives only as long as the command needs it."""
+    import socket
+
+    from raytrain.targets import k8s_portforward
+
+    assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "closes").exit_code == 0
+    port = int(far_end.rsplit(":", 1)[1])
+    opened = []
+
+    class ToFarEnd(KubePortForward):  # raytrain's listener; its pod streams go to the stand-in dashboard
+        def __init__(self, kube, request):
+            super().__init__(kube, request)
+            opened.append(self)
+
+        def head_pod(self):
+            return "closes-head"
+
+        def _remote(self):
+            class Stream:
+                def close(self):
+                    pass
+
+            return Stream(), socket.create_connection(("127.0.0.1", port))
+
+    monkeypatch.setattr(k8s_portforward, "KubePortForward", ToFarEnd)
+    r = cli("jobs", "list", "--k8s", "--cluster", "closes", "-n", namespace, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == [] and len(opened) == 1
+    assert any(p.startswith("/api/jobs") for p in _Dashboard.paths)  # the listing went through the tunnel
+    assert opened[0]._listener is None  # closed when the command ended

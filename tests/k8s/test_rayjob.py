@@ -31,7 +31,7 @@ def rayjob_args(namespace, profile, *extra):
             "--workers", "2", "--zero", "1", *extra)
 
 
-def test_dry_run_manifest_is_exactly_what_submit_creates(cli, namespace, rayjobs):
+def test_dry_run_manifest_is_exactly_what_submit_creates(cli, namespace, rayjobs, stored):
     args = ("submit", CNN, "--k8s", "--rayjob", "--profile", EXAMPLE, "--namespace", namespace,
             "--working-dir", "s3://bucket/code/cnn.zip", "--submission-id", "cnn-exact",
             "--workers", "16", "--zero", "3", "--precision", "bf16", "--grad-accum", "4")
@@ -45,8 +45,8 @@ def test_dry_run_manifest_is_exactly_what_submit_creates(cli, namespace, rayjobs
     assert r.exit_code == 0, r.output
     assert "submitted cnn-exact" in r.output
     obj = rayjobs.get("cnn-exact")
-    # the server's schema accepted it, and what it stores is what the dry run printed
-    assert obj["spec"] == manifest["spec"]
+    # KubeRay's schema accepted it, and what it stores is what the dry run printed (plus the schema's defaults)
+    assert obj["spec"] == stored(manifest)
     assert {k: obj["metadata"][k] for k in manifest["metadata"]} == manifest["metadata"]
 
     spec = obj["spec"]
@@ -162,7 +162,7 @@ def test_rayjob_on_an_existing_raycluster_uses_its_cluster_selector(cli, namespa
     spec = rayjobs.get("on-shared")["spec"]
     assert spec["clusterSelector"] == {"ray.io/cluster": "shared"}
     assert "rayClusterSpec" not in spec and spec["shutdownAfterJobFinishes"] is False
-    assert "ttlSecondsAfterFinished" not in spec  # KubeRay refuses a TTL without shutdown
+    assert spec["ttlSecondsAfterFinished"] == 0  # the schema's default: no TTL (KubeRay refuses one without shutdown)
     plan = json.loads(yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]["RAYTRAIN_PLAN"])
     assert plan["storage"] == "/mnt/checkpoints"  # from the RayCluster's raytrain.io/storage annotation
 

@@ -52,8 +52,6 @@ def test_env_from_secret_is_refused_where_it_cannot_work(raytrain_home, tmp_path
     base = ["submit", CNN, "--workers", "2", "--dry-run"]
     for extra, words in [
         (["--env-from-secret", "A=s/k"], "--env-from-secret is a Kubernetes option"),
-        (["--k8s", "-n", "t", "--env-from-secret", "A=s/k"], "--env-from-secret is for --rayjob"),
-        (["--k8s", "--rayjob", "-n", "t", "--cluster", "c", "--env-from-secret", "A=s/k"], "existing --cluster"),
         (["--k8s", "--rayjob", "-n", "t", "--env-from-secret", "A=nokey"], "expected NAME=SECRET/KEY"),
     ]:
         r = run(*base, *extra, env=env)

@@ -89,3 +89,46 @@ def test_connections_are_carried_both_ways(head):
 def test_no_head_pod_is_one_line():
     with pytest.raises(ClusterError, match="no running head pod"):
         LocalStreams(1, pod=None).open()
+
+
+def test_only_this_users_connections_are_carried(head, monkeypatch):
+    """Any local user can connect to 127.0.0.1: a connection the kernel says another uid made is closed."""
+    import os
+
+    from raytrain.clusters.k8s_tunnel import peer_uid
+
+    fwd = LocalStreams(head)
+    address = fwd.open()
+    try:
+        port = int(address.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as probe:
+            pass
+        assert Dashboard(address).check_reachable()["ray_version"] == "2.60.0"
+        mine = os.getuid()
+        monkeypatch.setattr(os, "getuid", lambda: mine + 1)  # now every peer is "another user"
+        with pytest.raises(requests.ConnectionError):
+            requests.get(address + "/other-user", timeout=5)
+        assert fwd.refused >= 1
+    finally:
+        fwd.close()
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    assert peer_uid(conn) == mine  # the uid of the far end, read from /proc/net/tcp
+    for s in (conn, client, server):
+        s.close()
+
+
+def test_close_ends_connections_in_flight_too(head):
+    """A follow's log stream stays open for minutes: close() must not leave it carried."""
+    fwd = LocalStreams(head)
+    address = fwd.open()
+    port = int(address.rsplit(":", 1)[1])
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"GET /kept HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: the connection stays
+    conn.settimeout(5)
+    assert b"200" in conn.recv(65536)
+    fwd.close()
+    conn.settimeout(5)
+    assert conn.recv(65536) == b""  # closed from the listener's side
+    conn.close()
