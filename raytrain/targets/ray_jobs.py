@@ -292,42 +292,10 @@ class RayJobsTarget(Target):
                 seen.add(chunk)
                 on_text(chunk)
 
-        async def until_said(seconds: float) -> None:
-            deadline = time.monotonic() + seconds
-            while not seen.said and time.monotonic() < deadline:
-                await asyncio.sleep(min(end_poll_s, max(0.0, deadline - time.monotonic())))
-
-        async def ended() -> None:
-            failures, failing_since, ended_at = 0, 0.0, None
-            while True:
-                try:
-                    terminal = (await _in_daemon_thread(self.client.get_job_status, job_id,
-                                                        timeout_s=FOLLOW_STATUS_CALL_S)).is_terminal()
-                    failures = 0
-                except Exception as exc:  # noqa: BLE001 - retried, then said with the last error
-                    if not failures:
-                        failing_since = time.monotonic()
-                    failures += 1
-                    failing_s = time.monotonic() - failing_since
-                    if failures >= FOLLOW_STATUS_FAILURES and failing_s >= FOLLOW_STATUS_GIVE_UP_S:
-                        raise ClusterError(
-                            f"lost track of job {job_id} on {self.address}: its status could not be read "
-                            f"{failures} times in a row over {failing_s:.0f} s (last error: "
-                            f"{type(exc).__name__}: {exc}); the job may still be running: "
-                            f"`raytrain jobs status {job_id}` asks again"
-                        ) from exc
-                    terminal = False
-                if terminal:
-                    if seen.said:
-                        return
-                    ended_at = ended_at or time.monotonic()
-                    if time.monotonic() - ended_at >= FOLLOW_TAIL_GRACE_S:
-                        return  # the tail did not end with the job: read the rest in one piece
-                await until_said(end_poll_s if seen.said or ended_at else status_poll_s)
-
         async def both() -> bool:
             """Whether the job ended before the tail did (the log's rest is still to be read)."""
-            tailing, ending = asyncio.ensure_future(tail()), asyncio.ensure_future(ended())
+            tailing = asyncio.ensure_future(tail())
+            ending = asyncio.ensure_future(self._ended(job_id, seen, end_poll_s, status_poll_s))
             await asyncio.wait([tailing, ending], return_when=asyncio.FIRST_COMPLETED)
             cut = not tailing.done()
             for task in (ending, tailing):  # the status's error first: it says why the follow ends
@@ -339,6 +307,39 @@ class RayJobsTarget(Target):
         rest = seen.rest_of(self.logs(job_id)) if asyncio.run(both()) else ""
         if rest:
             on_text(rest)
+
+    async def _ended(self, job_id: str, seen: LastWord, end_poll_s: float, status_poll_s: float) -> None:
+        """Returns once the job has ended (see ``follow``); raises ClusterError once its status has failed for
+        the bound."""
+        failures, failing_since, ended_at = 0, 0.0, None
+        while True:
+            try:
+                terminal = (await _in_daemon_thread(self.client.get_job_status, job_id,
+                                                    timeout_s=FOLLOW_STATUS_CALL_S)).is_terminal()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - retried, then said with the last error
+                if not failures:
+                    failing_since = time.monotonic()
+                failures += 1
+                failing_s = time.monotonic() - failing_since
+                if failures >= FOLLOW_STATUS_FAILURES and failing_s >= FOLLOW_STATUS_GIVE_UP_S:
+                    raise ClusterError(
+                        f"lost track of job {job_id} on {self.address}: its status could not be read "
+                        f"{failures} times in a row over {failing_s:.0f} s (last error: "
+                        f"{type(exc).__name__}: {exc}); the job may still be running: "
+                        f"`raytrain jobs status {job_id}` asks again"
+                    ) from exc
+                terminal = False
+            if terminal:
+                if seen.said:
+                    return
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at >= FOLLOW_TAIL_GRACE_S:
+                    return  # the tail did not end with the job: read the rest in one piece
+            # the next read: every status_poll_s, and at once (then every end_poll_s) after the driver's last word
+            said, wait_until = seen.said, time.monotonic() + (end_poll_s if seen.said or ended_at else status_poll_s)
+            while time.monotonic() < wait_until and seen.said == said:
+                await asyncio.sleep(min(end_poll_s, max(0.0, wait_until - time.monotonic())))
 
     def stop(self, job_id: str) -> bool:
         return bool(self._call("job stop", self.client.stop_job, job_id))
