@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 _captured: dict[int, int] = {}  # fd -> a duplicate of what it was before capture (Ray's log)
 _alive: list[int] = []  # without tee: this process holds the copier's pipe open until it exits
+_copiers: list[subprocess.Popen] = []
 
 # The copy to the storage: how often, after how long a copy that has not returned is said, and how long the
 # final copy (once the rank's writers are gone) may take before it is given up (the local file is kept).
@@ -114,11 +115,11 @@ def start_copier(local: Path, dest: Path, rank: int, alive_fd: int) -> None:
     (raytrain.runtime.rank_log_copy); it writes its own failures to this process's stdout/stderr as they are
     now (Ray's log)."""
     script = Path(__file__).with_name("rank_log_copy.py")
-    subprocess.Popen(
+    _copiers.append(subprocess.Popen(  # it forks and exits at once: reaped by subprocess's own cleanup
         [sys.executable, "-S", str(script), str(local), str(dest), str(rank), str(alive_fd),
          str(COPY_EVERY_S), str(COPY_STALL_S), str(FINAL_COPY_S)],
         stdin=subprocess.DEVNULL, pass_fds=(alive_fd,), start_new_session=True,
-    )
+    ))
 
 
 def start(record_dir: Path | None, rank: int, ip: str = "") -> Path | None:

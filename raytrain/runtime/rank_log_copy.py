@@ -2,8 +2,9 @@
 rank_log starts it): a storage that hangs (a network file system that stopped answering) blocks this process's
 copy, never the worker's next ``print``.
 
-Its own process, started with ``python -S FILE`` (standard library only, nothing of raytrain imported), so the
-last lines of a worker that died hard (a segfault, a SIGKILL) are still copied: it copies what is new every
+Its own process, started with ``python -S FILE`` (standard library only, nothing of raytrain imported), which
+forks away from the worker (Ray kills a worker's children with it), so the last lines of a worker that died
+hard (a segfault, a SIGKILL) are still copied: it copies what is new every
 ``every_s``, and once the writers are gone (``alive_fd`` reads end-of-file: every ``tee``, or the worker itself,
 held its other end) it makes the final copy, removes the local file and exits. A copy that has not returned
 after ``stall_s`` is said once; a final copy that has not finished ``final_s`` after the writers are gone is
@@ -121,5 +122,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.stdout.flush()
+    # No child of the worker: Ray kills a worker's child processes with it, which would cut the final copy.
+    if os.fork():
+        os._exit(0)
     os._exit(main(sys.argv))  # a pass stuck in the file system must not keep the process
