@@ -138,8 +138,13 @@ def start(record_dir: Path | None, rank: int, ip: str = "") -> Path | None:
         return None
     alive_read, alive_write = os.pipe()
     _flush_python_streams()
-    start_copier(local, dest, rank, alive_read)
-    os.close(alive_read)
+    try:
+        start_copier(local, dest, rank, alive_read)
+    except OSError:
+        os.close(alive_write)
+        return None
+    finally:
+        os.close(alive_read)
     try:
         if capture_fds(local, pass_fds=(alive_write,)):
             os.close(alive_write)  # the tees hold it now: the copier ends after them
