@@ -27,6 +27,8 @@ WAITING = "waiting"  # driver: the workers cannot be placed yet; what they wait 
 PLACED = "placed"  # driver: the workers' placement group is placed (their processes start now)
 CLEANED = "cleaned"  # driver or `jobs stop`: placement groups that ended jobs leaked were removed
 TIMING = "timing"  # any side: a start-up phase reached (raytrain.timings), with its wall-clock time
+TRACKER = "tracker"  # rank 0: a --track tracker was dropped (it could not start or stopped answering): why
+RANK_LOG = "rank_log"  # a rank's log copier: the copy to the storage stalled, or its final copy failed
 DATASET = "dataset"  # driver: a --data dataset is ready (name, rows after preprocessing)
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
@@ -97,6 +99,8 @@ class JobFacts:
     waiting: dict | None = None  # the workers wait to be placed (message: for what, held by whom)
     cleaned: list[str] = field(default_factory=list)  # leaked placement groups the driver removed
     datasets: dict[str, dict] = field(default_factory=dict)  # --data NAME -> its dataset event
+    trackers_dropped: dict[str, str] = field(default_factory=dict)  # --track NAME -> why it was dropped
+    rank_logs_lost: dict[int, dict] = field(default_factory=dict)  # rank -> its log copier's copy_failed event
     finished: dict | None = None
     error: dict | None = None
     stopped: dict | None = None
@@ -135,6 +139,10 @@ class JobFacts:
             self.resized.append(event)
         elif kind == TIMING:
             self.timings.append(event)
+        elif kind == TRACKER and event.get("state") == "dropped":
+            self.trackers_dropped[str(event.get("name"))] = str(event.get("reason", ""))
+        elif kind == RANK_LOG and event.get("state") == "copy_failed":
+            self.rank_logs_lost[int(event.get("rank", 0))] = event
         elif kind == DATASET:
             self.datasets[str(event.get("name"))] = event
         elif kind == FINISHED:
@@ -145,10 +153,14 @@ class JobFacts:
             self.stopped = event
 
     def warnings(self) -> list[str]:
-        """What the job's workers could not measure: a memory sampler that failed (its peaks stop there)."""
+        """What the job's workers could not measure or keep: a memory sampler that failed (its peaks stop
+        there), a tracker that was dropped (its run stops there), a rank log the storage did not take."""
         return [
             f"memory sampler failed on rank {rank}: {m['sampler_error']} (memory peaks cover the samples before it)"
             for rank, m in sorted(self.memory.items()) if m.get("sampler_error")
+        ] + [f"--track {name} was dropped: {why}" for name, why in sorted(self.trackers_dropped.items())] + [
+            f"rank {rank}'s log could not be copied to {e.get('log')} ({e.get('reason')}); it stays on its node at "
+            f"{e.get('local')}" for rank, e in sorted(self.rank_logs_lost.items())
         ]
 
     @property

@@ -18,6 +18,7 @@ from raytrain import events, placement
 from raytrain.events import emit
 
 POLL_S = 3.0
+STATE_TIMEOUT_S = 10  # one state API call (Ray's default is 30 s): the start deadline is checked between calls
 
 
 def _address() -> str | None:
@@ -37,14 +38,14 @@ def list_groups() -> list[dict]:
     from ray.util.state import list_placement_groups
 
     return [_as_dict(g) for g in list_placement_groups(address=_address(), detail=True, limit=10000,
-                                                       raise_on_missing_output=False)]
+                                                       timeout=STATE_TIMEOUT_S, raise_on_missing_output=False)]
 
 
 def list_jobs() -> list[dict]:
     from ray.util.state import list_jobs as state_jobs
 
     out = []
-    for job in state_jobs(address=_address(), limit=10000, raise_on_missing_output=False):
+    for job in state_jobs(address=_address(), limit=10000, timeout=STATE_TIMEOUT_S, raise_on_missing_output=False):
         status = getattr(job, "status", "")
         out.append({"job_id": getattr(job, "job_id", None), "submission_id": getattr(job, "submission_id", None),
                     "status": str(getattr(status, "value", status))})
@@ -85,10 +86,23 @@ class StartWatch(threading.Thread):
 
     def run(self) -> None:
         since, state = None, None  # state: None, "placed", or the last waiting message
+        failing_since, error = None, ""  # when the state API began failing, and its last error
         while not self.stopped.wait(self.poll_s * (5 if state == "placed" else 1)):  # slower once placed
             try:
                 groups, jobs = list_groups(), list_jobs()
-            except Exception:  # the state API is busy: look again at the next poll
+                failing_since = None
+            except Exception as exc:  # noqa: BLE001 - the state API is busy: look again at the next poll
+                error = f"{type(exc).__name__}: {exc}".strip()
+                failing_since = failing_since or time.monotonic()
+                if state == "placed":
+                    continue  # the workers started: nothing is left to time out
+                # the deadline runs on without the API: a wait it cannot see is a wait all the same
+                since = since or failing_since
+                if self.timeout_s > 0 and time.monotonic() - since > self.timeout_s:
+                    seen = f"; last seen: {state}" if state else ""
+                    self.on_timeout(f"the state API that shows the workers' placement has been failing for "
+                                    f"{time.monotonic() - failing_since:.0f} s (last error: {error}){seen}")
+                    return
                 continue
             mine = placement.of_job(groups, self.ray_job_id)
             if placement.placed(mine):

@@ -5,9 +5,12 @@ resolved DeepSpeed config and flags (as params) and a final summary to each trac
 One tracker run per raytrain run: ``<storage>/<run>/raytrain/trackers.json`` keeps each tracker's run id and
 the last step it logged, so a restart after a worker failure, an elastic resize or a ``--resume`` (whose state
 the driver copies from the run it continues) appends to the same tracker run and never logs a step twice.
-Logging happens on a background thread: a report costs the step a queue put."""
+Starting and logging happen on background threads, one per tracker: a report costs the step a queue put, and
+a tracker that cannot be reached is dropped after a bound (``START_TIMEOUT_S``, ``CALL_TIMEOUT_S``,
+``MAX_FAILURES``) with a ``tracker`` event, while training goes on."""
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -252,92 +255,218 @@ def peak_memory(record_dir: Path | None) -> dict[int, float]:
     return peaks
 
 
+# Bounds on a tracker (rank 0 never waits for one longer): its start (import, connection, run creation), one
+# call (a step's log, the summary, the close), and failed calls in a row. A tracker past one is dropped: a
+# `tracker` event says why, training goes on without it. MLflow's own HTTP retries (7, backing off to minutes by
+# default) are cut to a few seconds unless the job's environment sets them (`--env MLFLOW_HTTP_REQUEST_...`).
+START_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 30.0
+MAX_FAILURES = 3
+WATCH_EVERY_S = 1.0
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def bound_mlflow_retries() -> None:
+    import os
+
+    for key, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+class _Slot:
+    """One tracker: its own thread (a tracker that hangs holds up no other) and queue; ``busy_since`` says
+    since when its current call runs (None: idle), ``dead`` why it was dropped (None: alive)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.tracker: Any = None
+        self.queue: queue.Queue = queue.Queue()
+        self.busy_since: float | None = None
+        self.busy_with = "start"
+        self.failures = 0
+        self.step = 0
+        self.last_memory = 0.0
+        self.dead: str | None = None
+        self.thread: threading.Thread | None = None
+
+
 class Trackers:
-    """Rank 0's trackers. ``report(metrics)`` queues; a thread logs each step once (steps at or below the
-    last one logged, by this process or one before it, are skipped). ``finish(summary)`` drains and closes."""
+    """Rank 0's trackers. ``report(metrics)`` queues; each tracker's thread starts it, then logs each step once
+    (steps at or below the last one logged, by this process or one before it, are skipped). The training
+    thread never calls a tracker: a tracker whose start or call outlives its bound, or that fails
+    ``MAX_FAILURES`` calls in a row, is dropped and reported. ``finish(summary)`` drains and closes."""
 
     def __init__(self, plan: Any, *, run_name: str, record_dir: Path | None, log=print):
         self.plan, self.run_name, self.record_dir, self.log = plan, run_name, record_dir, log
         self.state = State(record_dir)
-        run_dir = record_dir.parent if record_dir is not None else Path.cwd()
-        self.state.trust(plan, run_dir, log)
-        self.active: list[Any] = []
-        self.queue: queue.Queue = queue.Queue()
-        self._last_memory = 0.0
-        self._step = 0
-        run_dir = record_dir.parent if record_dir is not None else Path.cwd()
-        params = plan_params(plan)
-        for name in plan.track:
-            try:
-                self.active.append(KINDS[name](self.state.of(name), run_dir=run_dir, run_name=run_name,
-                                               plan=plan, params=params))
-            except ImportError as exc:
-                log(f"raytrain: --track {name}: {exc.name or exc} is not installed on the cluster "
-                    "(pip install 'raytrain[track]'); not tracking to it")
-            except Exception as exc:  # a tracker never stops training
-                log(f"raytrain: --track {name}: cannot start ({type(exc).__name__}: {exc}); not tracking to it")
-        self.state.save()
-        self.thread = threading.Thread(target=self._run, name="raytrain-trackers", daemon=True)
-        self.thread.start()
+        self._lock = threading.Lock()  # the state file, shared by the trackers' threads
+        self._run_dir = record_dir.parent if record_dir is not None else Path.cwd()
+        self.state.trust(plan, self._run_dir, log)  # trackers.json names only this run's own places
+        self._params = plan_params(plan)
+        self.slots = [_Slot(name) for name in plan.track]
+        self._closing = threading.Event()
+        for slot in self.slots:
+            slot.busy_since = time.monotonic()  # starting
+            slot.queue.put(("start", None))
+            slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"raytrain-track-{slot.name}",
+                                           daemon=True)
+            slot.thread.start()
+        self.watch = threading.Thread(target=self._watch, name="raytrain-trackers-watch", daemon=True)
+        self.watch.start()
 
+    # -- the training thread's side: never waits on a tracker longer than its bound ---------------------
     def report(self, metrics: dict[str, Any]) -> None:
-        self.queue.put(("metrics", dict(metrics)))
+        for slot in self.slots:
+            if slot.dead is None:
+                slot.queue.put(("metrics", dict(metrics)))
+
+    def pending(self) -> int:
+        """Reports queued or being logged by trackers still alive."""
+        return sum(slot.queue.unfinished_tasks for slot in self.slots if slot.dead is None)
+
+    @property
+    def active(self) -> list[Any]:
+        return [slot.tracker for slot in self.slots if slot.dead is None and slot.tracker is not None]
 
     def flush(self, timeout_s: float = 60.0) -> None:
-        """Wait until every queued report is logged: before a checkpoint (the restore point: no step at or
-        below it may be lost when a worker dies) and when training raised."""
+        """Wait until every queued report is logged by every tracker still alive: before a checkpoint (the
+        restore point: no step at or below it may be lost when a worker dies) and when training raised. A
+        tracker that hangs is dropped after its bound, which ends the wait for it."""
         deadline = time.monotonic() + timeout_s
-        while self.queue.unfinished_tasks and self.thread.is_alive() and time.monotonic() < deadline:
+        while self.pending() and time.monotonic() < deadline:
+            self._check_bounds()
             time.sleep(0.02)
 
     def finish(self, summary: dict[str, Any], timeout_s: float = 60.0) -> None:
-        self.queue.put(("finish", summary))
-        self.thread.join(timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for slot in self.slots:
+            if slot.dead is None:
+                slot.queue.put(("finish", summary))
+        for slot in self.slots:
+            while slot.dead is None and slot.thread.is_alive() and time.monotonic() < deadline:
+                self._check_bounds()
+                slot.thread.join(timeout=0.05)
+        self._closing.set()
 
-    def _run(self) -> None:
-        while True:
-            kind, data = self.queue.get()
+    # -- bounds ---------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._closing.wait(WATCH_EVERY_S):
+            self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            since = slot.busy_since
+            if slot.dead is not None or since is None:
+                continue
+            bound = START_TIMEOUT_S if slot.busy_with == "start" else CALL_TIMEOUT_S
+            if now - since > bound:
+                self._drop(slot, f"its {slot.busy_with} did not return within {bound:g} s")
+
+    def _drop(self, slot: _Slot, reason: str) -> None:
+        with self._lock:
+            if slot.dead is not None:
+                return
+            slot.dead = reason
+        from raytrain import events
+
+        events.emit(events.TRACKER, name=slot.name, state="dropped", reason=reason)
+        self.log(f"raytrain: --track {slot.name}: {reason}; training goes on without it")
+        while True:  # what it had queued will never be logged: flush and finish stop waiting for it
             try:
-                if kind == "finish":
-                    self._finish(data)
-                    return
-                self._log(data)
-            finally:
-                self.queue.task_done()
+                slot.queue.get_nowait()
+                slot.queue.task_done()
+            except queue.Empty:
+                break
+            except ValueError:
+                break
 
-    def _log(self, metrics: dict[str, Any]) -> None:
+    # -- each tracker's thread ------------------------------------------------------------------------
+    def _run(self, slot: _Slot) -> None:
+        while slot.dead is None:
+            kind, data = slot.queue.get()
+            try:
+                if slot.dead is not None:
+                    return
+                if kind == "start":
+                    self._start(slot)
+                elif kind == "finish":
+                    self._finish(slot, data)
+                    return
+                else:
+                    self._log(slot, data)
+            finally:
+                slot.busy_since = None
+                with contextlib.suppress(ValueError):  # a dropped slot's queue was emptied already
+                    slot.queue.task_done()
+
+    def _start(self, slot: _Slot) -> None:
+        slot.busy_with = "start"
+        try:
+            if slot.name == "mlflow":
+                bound_mlflow_retries()
+            tracker = KINDS[slot.name](self.state.of(slot.name), run_dir=self._run_dir, run_name=self.run_name,
+                                       plan=self.plan, params=self._params)
+        except ImportError as exc:
+            self._drop(slot, f"{exc.name or exc} is not installed on the cluster (pip install 'raytrain[track]')")
+            return
+        except Exception as exc:  # noqa: BLE001 - a tracker never stops training
+            self._drop(slot, f"cannot start ({type(exc).__name__}: {exc})")
+            return
+        if slot.dead is not None:  # it came back after its bound: dropped already
+            with contextlib.suppress(Exception):
+                tracker.close()
+            return
+        slot.tracker = tracker
+        with self._lock:
+            self.state.save()
+
+    def _log(self, slot: _Slot, metrics: dict[str, Any]) -> None:
         step = int(metrics.get("step", 0))
-        self._step = max(self._step, step)
+        slot.step = max(slot.step, step)
         values = numbers(metrics)
-        if time.monotonic() - self._last_memory > MEMORY_EVERY_S:
-            self._last_memory = time.monotonic()
+        state = self.state.of(slot.name)
+        if step <= state.get("last_step", 0):
+            return  # logged before a restart: one value per step
+        if time.monotonic() - slot.last_memory > MEMORY_EVERY_S:
+            slot.last_memory = time.monotonic()
             values.update(self._memory())
-        for tracker in self.active:
-            state = self.state.of(tracker.name)
-            if step <= state.get("last_step", 0):
-                continue  # logged before a restart: one value per step
-            self._call(tracker, "log", values, step)
-            state["last_step"] = step
-            self.state.save()  # at once: a worker killed during the next tracker's (slow) call repeats nothing
+        if self._call(slot, "log", values, step):
+            with self._lock:
+                state["last_step"] = step
+                self.state.save()  # at once: a worker killed during the next call repeats nothing
 
     def _memory(self) -> dict[str, float]:
         return {f"memory/peak_rank{r}_gb": round(v / 1e9, 4) for r, v in sorted(peak_memory(self.record_dir).items())}
 
-    def _finish(self, summary: dict[str, Any]) -> None:
+    def _finish(self, slot: _Slot, summary: dict[str, Any]) -> None:
         memory = self._memory()  # every worker's final peak, as metrics at the last step too
         summary = {**summary, **memory}
-        for tracker in self.active:
-            if memory and self._step:
-                self._call(tracker, "log", memory, self._step)
-            self._call(tracker, "summary", summary, self._step)
-            self._call(tracker, "close")
-        self.state.save()
+        if memory and slot.step:
+            self._call(slot, "log", memory, slot.step)
+        self._call(slot, "summary", summary, slot.step)
+        self._call(slot, "close")
+        with self._lock:
+            self.state.save()
 
-    def _call(self, tracker: Any, method: str, *args: Any) -> None:
+    def _call(self, slot: _Slot, method: str, *args: Any) -> bool:
+        if slot.dead is not None or slot.tracker is None:
+            return False
+        slot.busy_with, slot.busy_since = method, time.monotonic()
         try:
-            getattr(tracker, method)(*args)
-        except Exception as exc:  # a tracker's failure never fails training
-            self.log(f"raytrain: --track {tracker.name}: {method} failed ({type(exc).__name__}: {exc})")
+            getattr(slot.tracker, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - a tracker's failure never fails training
+            slot.failures += 1
+            self.log(f"raytrain: --track {slot.name}: {method} failed ({type(exc).__name__}: {exc})")
+            if slot.failures >= MAX_FAILURES:
+                self._drop(slot, f"{slot.failures} calls failed in a row, the last: {method} "
+                                 f"({type(exc).__name__}: {exc})")
+            return False
+        finally:
+            slot.busy_since = None
+        slot.failures = 0
+        return slot.dead is None
 
 
 # How a run that did not succeed ends in each tracker: MLflow's run status, W&B's exit code.
@@ -351,6 +480,7 @@ def mlflow_client(uri: str) -> Any:
     """One MlflowClient per tracking URI in this process (the driver's, made ready by ``warm_up``)."""
     from mlflow.tracking import MlflowClient
 
+    bound_mlflow_retries()
     if uri not in _mlflow_clients:
         _mlflow_clients[uri] = MlflowClient(tracking_uri=uri)
     return _mlflow_clients[uri]

@@ -30,6 +30,42 @@ from raytrain.targets.base import (
 )
 
 
+# Following a job: how often its status is read before the driver's last word, how many reads in a row
+# (and for at least how long) may fail before the follow gives up, how long one read may take, and how long
+# the log tail may go on after the job ended without the driver's last word.
+FOLLOW_STATUS_POLL_S = 2.0
+FOLLOW_STATUS_FAILURES = 5
+FOLLOW_STATUS_GIVE_UP_S = 30.0
+FOLLOW_STATUS_CALL_S = 30.0
+FOLLOW_TAIL_GRACE_S = 10.0
+
+
+async def _in_daemon_thread(fn: Callable, *args, timeout_s: float):
+    """``fn(*args)`` on a daemon thread, given up (TimeoutError) after ``timeout_s``: a hung call neither
+    blocks the follow nor, as ``asyncio.to_thread``'s executor would, the interpreter's exit."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(ok: bool, value) -> None:
+        if not done.done():
+            (done.set_result if ok else done.set_exception)(value)
+
+    def run() -> None:
+        try:
+            outcome = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the follow gave up on it and its loop is closed
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, daemon=True, name="raytrain-follow-status").start()
+    try:
+        return await asyncio.wait_for(done, timeout_s)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout_s:g} s") from None
+
 
 class LastWord:
     """What a job's log tail has delivered, and whether the driver has printed its last event (finished,
@@ -237,11 +273,16 @@ class RayJobsTarget(Target):
     def logs(self, job_id: str) -> str:
         return self._call("job logs", self.client.get_job_logs, job_id)
 
-    def follow(self, job_id: str, on_text: Callable[[str], None], end_poll_s: float = 0.2) -> None:
+    def follow(self, job_id: str, on_text: Callable[[str], None], end_poll_s: float = 0.2,
+               status_poll_s: float = FOLLOW_STATUS_POLL_S) -> None:
         """Stream the job's log until the job has ended. Ray's log tail only ends 2-3 s after the job (it
         sleeps 1 s at every end of file, then once more after seeing the job end): once the driver has
         printed its last event, the job's status is polled instead, and the log's rest read in one piece as
-        soon as the job has ended."""
+        soon as the job has ended. The status is also read every ``status_poll_s`` before that: a job that
+        ended without the driver's last word (a killed driver) gives the tail ``FOLLOW_TAIL_GRACE_S`` more,
+        and a status that cannot be read ``FOLLOW_STATUS_FAILURES`` times in a row over at least
+        ``FOLLOW_STATUS_GIVE_UP_S`` ends the follow with a ClusterError saying so (a transient error is
+        only retried)."""
         self._call("job status", self.client.get_job_info, job_id)  # a clear error for an unknown id
         seen = LastWord()
 
@@ -250,21 +291,13 @@ class RayJobsTarget(Target):
                 seen.add(chunk)
                 on_text(chunk)
 
-        async def ended() -> None:
-            try:
-                while not seen.said:
-                    await asyncio.sleep(end_poll_s)
-                while not (await asyncio.to_thread(self.client.get_job_status, job_id)).is_terminal():
-                    await asyncio.sleep(end_poll_s)
-            except Exception:  # the status cannot be read: the tail alone says when the job has ended
-                await asyncio.Future()
-
         async def both() -> bool:
             """Whether the job ended before the tail did (the log's rest is still to be read)."""
-            tailing, ending = asyncio.ensure_future(tail()), asyncio.ensure_future(ended())
+            tailing = asyncio.ensure_future(tail())
+            ending = asyncio.ensure_future(self._ended(job_id, seen, end_poll_s, status_poll_s))
             await asyncio.wait([tailing, ending], return_when=asyncio.FIRST_COMPLETED)
             cut = not tailing.done()
-            for task in (tailing, ending):
+            for task in (ending, tailing):  # the status's error first: it says why the follow ends
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task  # the tail's own errors come out here
@@ -273,6 +306,39 @@ class RayJobsTarget(Target):
         rest = seen.rest_of(self.logs(job_id)) if asyncio.run(both()) else ""
         if rest:
             on_text(rest)
+
+    async def _ended(self, job_id: str, seen: LastWord, end_poll_s: float, status_poll_s: float) -> None:
+        """Returns once the job has ended (see ``follow``); raises ClusterError once its status has failed for
+        the bound."""
+        failures, failing_since, ended_at = 0, 0.0, None
+        while True:
+            try:
+                terminal = (await _in_daemon_thread(self.client.get_job_status, job_id,
+                                                    timeout_s=FOLLOW_STATUS_CALL_S)).is_terminal()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - retried, then said with the last error
+                if not failures:
+                    failing_since = time.monotonic()
+                failures += 1
+                failing_s = time.monotonic() - failing_since
+                if failures >= FOLLOW_STATUS_FAILURES and failing_s >= FOLLOW_STATUS_GIVE_UP_S:
+                    raise ClusterError(
+                        f"lost track of job {job_id} on {self.address}: its status could not be read "
+                        f"{failures} times in a row over {failing_s:.0f} s (last error: "
+                        f"{type(exc).__name__}: {exc}); the job may still be running: "
+                        f"`raytrain jobs status {job_id}` asks again"
+                    ) from exc
+                terminal = False
+            if terminal:
+                if seen.said:
+                    return
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at >= FOLLOW_TAIL_GRACE_S:
+                    return  # the tail did not end with the job: read the rest in one piece
+            # the next read: every status_poll_s, and at once (then every end_poll_s) after the driver's last word
+            said, wait_until = seen.said, time.monotonic() + (end_poll_s if seen.said or ended_at else status_poll_s)
+            while time.monotonic() < wait_until and seen.said == said:
+                await asyncio.sleep(min(end_poll_s, max(0.0, wait_until - time.monotonic())))
 
     def stop(self, job_id: str) -> bool:
         return bool(self._call("job stop", self.client.stop_job, job_id))

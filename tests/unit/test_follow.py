@@ -108,3 +108,89 @@ def test_the_driver_exits_with_its_code_after_its_threads_and_exit_handlers(tmp_
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "unflushed"
     assert done.read_text() == "thread\natexit\n"
+
+
+class FailingStatus(FakeJobs):
+    """The Jobs API's status reads fail (``failures`` times, or always) while the log tail stays open, as a
+    dashboard whose job-status route errors would: before, the first error left the follow waiting on the
+    tail for ever."""
+
+    def __init__(self, chunks, *, failures=None, **kw):
+        super().__init__(chunks, **kw)
+        self.failures, self.calls = failures, 0
+
+    def get_job_status(self, job_id):
+        self.calls += 1
+        if self.failures is None or self.calls <= self.failures:
+            raise RuntimeError("Request failed with status code 500: the job agent is gone")
+        return Status(True)
+
+
+def fast_give_up(monkeypatch, seconds=0.5):
+    from raytrain.targets import ray_jobs
+
+    monkeypatch.setattr(ray_jobs, "FOLLOW_STATUS_GIVE_UP_S", seconds, raising=False)
+    monkeypatch.setattr(ray_jobs, "FOLLOW_STATUS_FAILURES", 3, raising=False)
+
+
+def test_a_status_that_keeps_failing_ends_the_follow_with_the_reason(monkeypatch):
+    import pytest
+
+    from raytrain.errors import ClusterError
+
+    fast_give_up(monkeypatch)
+    fake = FailingStatus([STARTED, FINISHED], tail_after_s=3600)
+    start = time.monotonic()
+    with pytest.raises(ClusterError) as err:
+        follow(fake, end_poll_s=0.02)
+    assert time.monotonic() - start < 10
+    message = str(err.value)
+    assert "lost track of job job" in message and "could not be read" in message
+    assert "RuntimeError: Request failed with status code 500: the job agent is gone" in message
+    assert "raytrain jobs status job" in message
+    assert err.value.exit_code != 0
+
+
+def test_a_status_that_fails_before_the_last_word_ends_the_follow_too(monkeypatch):
+    """The status is read during the whole job, not only after the driver's last event: a job whose log
+    stays silent while its API fails is not followed for ever."""
+    import pytest
+
+    from raytrain.errors import ClusterError
+
+    fast_give_up(monkeypatch)
+    with pytest.raises(ClusterError, match="lost track"):
+        follow(FailingStatus([STARTED], tail_after_s=3600), end_poll_s=0.02, status_poll_s=0.05)
+
+
+def test_a_transient_status_error_is_retried(monkeypatch):
+    fast_give_up(monkeypatch, seconds=30)
+    fake = FailingStatus([STARTED, "step 1\n", FINISHED], failures=2, tail_after_s=3600)
+    out, took = follow(fake, end_poll_s=0.02)
+    assert out == STARTED + "step 1\n" + FINISHED + AFTER
+    assert took < 10 and fake.calls >= 3
+
+
+def test_a_status_read_that_hangs_counts_as_a_failure(monkeypatch):
+    import pytest
+
+    from raytrain.errors import ClusterError
+    from raytrain.targets import ray_jobs
+
+    fast_give_up(monkeypatch)
+    monkeypatch.setattr(ray_jobs, "FOLLOW_STATUS_CALL_S", 0.1, raising=False)
+
+    class Hangs(FakeJobs):
+        def get_job_status(self, job_id):
+            time.sleep(3600)
+
+    with pytest.raises(ClusterError, match="TimeoutError: no answer within 0.1 s"):
+        follow(Hangs([STARTED, FINISHED], tail_after_s=3600), end_poll_s=0.02)
+
+
+def test_a_tail_that_outlives_the_job_without_the_last_word_is_cut(monkeypatch):
+    from raytrain.targets import ray_jobs
+
+    monkeypatch.setattr(ray_jobs, "FOLLOW_TAIL_GRACE_S", 0.3, raising=False)
+    out, took = follow(FakeJobs([STARTED, WORKER_ERROR], tail_after_s=3600), end_poll_s=0.02, status_poll_s=0.05)
+    assert out == STARTED + WORKER_ERROR + AFTER and took < 10

@@ -47,9 +47,9 @@ def record_rank(folder, rank, ip, lines, tmp=None):
         proc = subprocess.run([sys.executable, "-c", script, str(folder), str(rank), ip, *lines],
                               stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert proc.returncode == 3
-    deadline = time.monotonic() + 20  # the tee processes drain the pipes on their own
-    while not all(log.read_text().count(m) > before[m] for m in marks):
-        assert time.monotonic() < deadline, log.read_text()
+    deadline = time.monotonic() + 20  # the tee processes drain the pipes, the copier copies, on their own
+    while not (log.exists() and all(log.read_text().count(m) > before[m] for m in marks)):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
         time.sleep(0.05)
     return (out_dir / "out").read_text(), (out_dir / "err").read_text()
 
@@ -139,6 +139,64 @@ def test_without_tee_python_level_writes_are_copied(tmp_path, monkeypatch, capsy
         sys.stdout.copy.close()
         sys.stdout, sys.stderr = saved
     assert not rank_log._captured  # no fd was touched
+    deadline = time.monotonic() + 20  # copied to the storage within a second or so
+    while not (path.exists() and "an error line" in path.read_text()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     text = path.read_text()
     assert text.startswith("# raytrain rank 0 on ") and "a python line" in text and "an error line" in text
     assert "a python line" in capsys.readouterr().out  # Ray still gets everything
+
+
+def test_a_storage_that_blocks_never_blocks_the_workers_prints(tmp_path):
+    """The rank's log in the storage is a FIFO nobody reads: opening it for writing blocks for ever, as a
+    hung network file system does. The worker prints on and exits at once (before: it hung in its first write
+    to the storage); the copy says it stalled, then gives up after its final bound (2 s here, 60 s by default)
+    with a rank_log event and a line in Ray's log of the worker, and the log stays on the node's disk."""
+    import json
+
+    from raytrain import events
+
+    folder = tmp_path / "run-1" / "raytrain"
+    (folder / "logs").mkdir(parents=True)
+    os.mkfifo(folder / "logs" / "rank-0.log")
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from raytrain.runtime import rank_log\n"
+        "rank_log.COPY_EVERY_S, rank_log.COPY_STALL_S, rank_log.FINAL_COPY_S = 0.2, 1.0, 2.0\n"
+        "start = time.monotonic()\n"
+        "rank_log.start(Path(sys.argv[1]), 0, '10.0.0.1')\n"
+        "for i in range(100):\n"
+        "    print(f'step {i}', flush=True)\n"
+        "print(f'printed in {time.monotonic() - start:.2f} s', flush=True)\n"
+        "time.sleep(2.5)\n"  # long enough for the copy to be seen stalled
+        "print('last line', flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", script, str(folder)], stdout=out, stderr=err,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 0 and time.monotonic() - start < 20
+    deadline = time.monotonic() + 30
+    while '"state":"copy_failed"' not in out_path.read_text():
+        assert time.monotonic() < deadline, (out_path.read_text()[-2000:], err_path.read_text()[-2000:])
+        time.sleep(0.1)
+    out, err = out_path.read_text(), err_path.read_text()
+    printed = float(out.split("printed in ")[1].split(" s")[0])
+    assert printed < 2.0 and "step 99" in out and "last line" in out  # Ray's log got every line at once
+    said = [e for e in map(events.parse_line, out.splitlines()) if e and e["event"] == events.RANK_LOG]
+    assert [e["state"] for e in said] == ["stalled", "copy_failed"], said
+    failed = said[-1]
+    assert failed["rank"] == 0 and failed["log"] == str(folder / "logs" / "rank-0.log")
+    assert "did not take the last lines within 2 s" in failed["reason"]
+    assert f"raytrain: rank 0's log could not be copied to {folder / 'logs' / 'rank-0.log'}" in err
+    local = Path(failed["local"])
+    assert local.is_file() and "last line" in local.read_text() and "step 0" in local.read_text()
+    assert local.stat().st_mode & 0o077 == 0  # private on the node
+    local.unlink()
+    assert json.dumps(failed)  # one event, one line: what `jobs status` warns about
+    facts = JobFacts.from_lines(out.splitlines())
+    assert any("rank 0's log could not be copied" in w for w in facts.warnings()), facts.warnings()

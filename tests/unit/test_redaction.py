@@ -116,8 +116,9 @@ def test_tracker_files_hold_no_secret_and_job_args_only_when_asked(tmp_path, mon
     p = plan(tmp_path, track=["tensorboard", "mlflow", "wandb"], track_args=track_args)
     lines = []
     t = trackers.start(p, rank=0, run_name="run-1", log=lines.append)
-    assert [tr.name for tr in t.active] == ["tensorboard", "mlflow", "wandb"], lines
     t.report({"step": 1, "loss": 1.0})
+    t.flush(timeout_s=120)  # each tracker starts on a thread of its own
+    assert [tr.name for tr in t.active] == ["tensorboard", "mlflow", "wandb"], lines
     t.finish({"steps": 1})
     files = all_bytes(tmp_path / "run-1")
     assert any(p.name.startswith("events.out.tfevents") for p, _ in files)

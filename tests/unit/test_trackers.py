@@ -39,12 +39,7 @@ def test_tensorboard_and_mlflow_one_run_one_value_per_step_across_a_restart(tmp_
     p = plan(tmp_path, ["tensorboard", "mlflow"])
     assert trackers.start(p, rank=1, run_name="run-1") is None  # rank 0 only
     first = run_attempt(p, range(1, 6))
-    first.thread.join(timeout=0.1)  # killed: no finish; the queue is drained though
-    import time
-    deadline = time.time() + 30
-    while not first.queue.empty() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    first.flush(timeout_s=30)  # killed: no finish; the queue is drained though
     # the restart resumes from the checkpoint of step 3: steps 4, 5 come again, then 6..8
     second = run_attempt(p, range(4, 9))
     second.finish({"steps": 8, "final_loss": 4.2})
@@ -102,6 +97,7 @@ def test_a_missing_tracker_library_is_one_line_and_training_goes_on(tmp_path, mo
     t.finish({})
     out = capsys.readouterr().out
     assert "--track mlflow: mlflow is not installed on the cluster (pip install 'raytrain[track]')" in out
+    assert '"event":"tracker","name":"mlflow","state":"dropped"' in out
 
 
 def test_params_are_the_flags_and_the_exact_deepspeed_config(tmp_path):
@@ -113,7 +109,7 @@ def test_params_are_the_flags_and_the_exact_deepspeed_config(tmp_path):
 def test_flush_waits_until_every_queued_step_is_logged(tmp_path):
     t = run_attempt(plan(tmp_path, ["tensorboard"]), range(1, 30))
     t.flush(timeout_s=60)
-    assert t.queue.unfinished_tasks == 0
+    assert t.pending() == 0
     state = json.loads((tmp_path / "run-1" / "raytrain" / "trackers.json").read_text())
     assert state["tensorboard"]["last_step"] == 29
     t.finish({})
@@ -276,3 +272,126 @@ def test_a_step_tensorboard_took_just_before_the_worker_died_is_not_logged_again
     assert [s for s, _ in loss] == list(range(1, 11)), loss
     assert trackers.TensorBoard.last_logged_step(tmp_path / "run-1" / "tensorboard") == 10
     assert trackers.TensorBoard.last_logged_step(tmp_path / "nothing-here") == 0
+
+
+class Blackhole:
+    """A TCP server that accepts connections and never answers (an MLflow server hung, or a firewall that
+    drops the replies)."""
+
+    def __init__(self):
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)  # the kernel completes the handshakes; nobody reads or answers
+        self.uri = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self):
+        self.sock.close()
+
+
+def closed_port_uri():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+def train_steps(t, steps, checkpoint_every=3):
+    """What rank 0's training thread does: a report per step, a flush before every checkpoint. Returns the
+    longest a step spent in raytrain's tracker calls."""
+    import time
+
+    longest = 0.0
+    for step in steps:
+        start = time.monotonic()
+        t.report({"step": step, "loss": 1.0 / step})
+        if step % checkpoint_every == 0:
+            t.flush()
+        longest = max(longest, time.monotonic() - start)
+    return longest
+
+
+def dropped_events(out):
+    from raytrain import events
+
+    return [e for e in map(events.parse_line, out.splitlines()) if e and e["event"] == "tracker"]
+
+
+def test_an_unreachable_mlflow_server_is_dropped_within_seconds_and_training_goes_on(tmp_path, capsys):
+    """A closed port: the first step does not wait for the tracker's start, and MLflow's retries (7, minutes
+    by default) are bounded: the tracker is reported dead within 30 s; later checkpoints do not wait for it."""
+    import time
+
+    p = plan(tmp_path, ["tensorboard", "mlflow"], mlflow_uri=closed_port_uri())
+    start = time.monotonic()
+    t = trackers.start(p, rank=0, run_name="run-1")
+    assert time.monotonic() - start < 1.0  # the start is off the training thread
+    train_steps(t, range(1, 3))
+    deadline = time.monotonic() + 30
+    while not any(s.dead for s in t.slots) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    took = time.monotonic() - start
+    assert [s.name for s in t.slots if s.dead] == ["mlflow"], [(s.name, s.dead) for s in t.slots]
+    assert took < 30, took
+    assert train_steps(t, range(3, 13)) < 5.0  # checkpoints wait only for the tracker still alive
+    t.finish({"steps": 12})
+    out = capsys.readouterr().out
+    (event,) = dropped_events(out)
+    assert event["name"] == "mlflow" and event["state"] == "dropped"
+    assert "cannot start" in event["reason"] and "127.0.0.1" in event["reason"]
+    assert "raytrain: --track mlflow: cannot start" in out and "training goes on without it" in out
+    assert scalars(tmp_path / "run-1" / "tensorboard", "loss")[-1][0] == 12  # the other tracker logged all
+
+
+def test_an_mlflow_server_that_never_answers_is_dropped_after_the_start_bound(tmp_path, capsys, monkeypatch):
+    """A server that accepts and never answers: the start is abandoned at START_TIMEOUT_S (set to 3 s here;
+    60 s by default) while the steps go on, and a checkpoint's flush waits at most that long for it."""
+    import time
+
+    monkeypatch.setattr(trackers, "START_TIMEOUT_S", 3.0, raising=False)
+    server = Blackhole()
+    try:
+        p = plan(tmp_path, ["mlflow"], mlflow_uri=server.uri)
+        start = time.monotonic()
+        t = trackers.start(p, rank=0, run_name="run-1")
+        assert time.monotonic() - start < 1.0
+        longest = train_steps(t, range(1, 10))  # the first checkpoint's flush waits for the start's bound
+        assert 2.0 < longest < 10.0, longest
+        assert time.monotonic() - start < 15
+        assert train_steps(t, range(10, 20)) < 1.0  # dropped: no later checkpoint waits for it
+        t.finish({})
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    (event,) = dropped_events(out)
+    assert event["name"] == "mlflow" and event["reason"] == "its start did not return within 3 s"
+    assert "raytrain: --track mlflow: its start did not return within 3 s; training goes on without it" in out
+
+
+def test_a_tracker_whose_calls_keep_failing_is_dropped(tmp_path, capsys):
+    """The MLflow server goes away after the run started: each step's log fails (bounded retries), and after
+    MAX_FAILURES in a row the tracker is dropped instead of costing every later step its retries."""
+    import time
+
+    server = Blackhole()
+    server.close()  # a port that refuses, for the run's lifetime after its start
+    p = plan(tmp_path, ["mlflow"])
+    t = trackers.start(p, rank=0, run_name="run-1")
+    t.flush()
+    (slot,) = t.slots
+    assert slot.dead is None and slot.tracker is not None
+    slot.tracker.client = __import__("mlflow").tracking.MlflowClient(tracking_uri=server.uri)
+    start = time.monotonic()
+    train_steps(t, range(1, 10))
+    deadline = time.monotonic() + 60
+    while slot.dead is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert slot.dead and "3 calls failed in a row" in slot.dead, slot.dead
+    assert time.monotonic() - start < 60
+    t.finish({})
+    (event,) = dropped_events(capsys.readouterr().out)
+    assert event["name"] == "mlflow"
