@@ -158,3 +158,13 @@ def test_functions_in_config_targets_clusters_stay_short_or_say_why():
                     if length > MAX_LINES and "long:" not in head:
                         long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
     assert long == [], "functions over 60 lines need a '# long: reason' comment next to the def"
+
+
+def test_only_the_worker_runtime_imports_deepspeed():
+    importers = sorted(
+        str(path.relative_to(ROOT)) for path in PKG.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "deepspeed" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "deepspeed" and not node.level)
+    )
+    assert importers and all(p.startswith("raytrain/runtime/") for p in importers), importers
