@@ -85,6 +85,16 @@ def describe_data(plan) -> list[str]:
     return lines
 
 
+def _ray_versions(request) -> dict:
+    """The Ray the job will run against: this machine's on the local cluster; elsewhere the cluster's, checked
+    at submit against what raytrain's runtime needs."""
+    from raytrain import compat
+
+    local = compat.local_ray_version()
+    cluster = local if request.target == "local" else None
+    return {"this_machine": local, "cluster": cluster, "needed": compat.supported_ray()}
+
+
 def _dry_run_summary(request, plan) -> dict:
     """What `submit --dry-run --json` prints for a Ray Jobs API request."""
     return {
@@ -105,6 +115,7 @@ def _dry_run_summary(request, plan) -> dict:
             "data_parallel": plan.parallel["dp"],
             "global_batch": plan.train_batch,
         },
+        "ray": _ray_versions(request),
         "mode": plan.mode,
         "data": data_summary(plan),
         "plan": plan.to_dict(),
@@ -131,6 +142,9 @@ def _print_dry_run(request, as_json: bool) -> None:
     click.echo(f"target      {request.target} ({request.address})")
     click.echo(f"job         {plan.job_file} {' '.join(plan.job_args)}")
     click.echo(f"mode        {plan.mode}")
+    ray = _ray_versions(request)
+    runs_on = ray["cluster"] or "the cluster's, checked at submit"
+    click.echo(f"ray         {runs_on}; raytrain needs {ray['needed']}; this machine has {ray['this_machine']}")
     click.echo(f"entrypoint  {request.entrypoint}")
     if request.upload:
         u = request.upload

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from raytrain import compat
 from raytrain.clusters.k8s_names import check_name, check_namespace
 from raytrain.errors import ConfigError
 
@@ -202,6 +203,9 @@ def check_k8s_profile(profile: K8sProfile, path: str = "<built-in>") -> K8sProfi
     for key in ("image", "ray_version"):
         if not isinstance(getattr(profile, key), str) or not getattr(profile, key):
             raise _fail(path, f"{key.replace('_', '-')} must be a non-empty string")
+    problem = compat.ray_version_problem(profile.ray_version, f"profile {path}'s image")
+    if problem:  # a cluster raytrain's jobs could not run on: refused before it is made
+        raise _fail(path, f"ray-version {profile.ray_version}: {problem}")
     profile.env = _str_map(path, "env", profile.env)
     profile.labels = _str_map(path, "labels", profile.labels)
     profile.env_from_secret = _secret_refs(path, profile.env_from_secret)

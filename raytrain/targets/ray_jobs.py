@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 import raytrain
-from raytrain import events, placement
+from raytrain import compat, events, placement
 from raytrain.capacity import Node
 from raytrain.clusters.dashboard import METADATA_KEY, Dashboard, token_headers, user_token
 from raytrain.config.plan import Plan
@@ -165,10 +165,17 @@ class RayJobsTarget(Target):
         )
 
     # -- talking to the cluster -------------------------------------------------------------------
+    def check_ray_version(self, version_info: dict) -> None:
+        """Refuse a cluster whose Ray raytrain's runtime cannot run on, naming both versions."""
+        problem = compat.ray_version_problem(str(version_info.get("ray_version") or ""), self.address,
+                                             compat.local_ray_version())
+        if problem:
+            raise ClusterError(problem)
+
     @property
     def client(self):
         if self._client is None:
-            self.dashboard.check_reachable()  # fail fast with a clear message, before Ray's own client
+            self.check_ray_version(self.dashboard.check_reachable())  # fail fast, before Ray's own client
             import logging
 
             from ray.job_submission import JobSubmissionClient
