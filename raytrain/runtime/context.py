@@ -212,7 +212,7 @@ class TrainContext:
         *,
         shuffle: bool = False,
         seed: int = 0,
-        epochs: int | None = None,
+        epochs: int | None = 1,
         map_batches: Any = None,
         columns: list[str] | None = None,
         shuffle_window: int = 10_000,
@@ -220,9 +220,13 @@ class TrainContext:
         """This data-parallel rank's batches of ``--data NAME=PATH``: dicts of torch tensors on ``ctx.device``
         (text columns stay lists of str), ``batch_size`` rows each (default ``ctx.micro_batch``).
 
+        ``for batch in ctx.dataset("train")`` is ONE epoch, like a PyTorch DataLoader; the next ``for`` over
+        the same (or a new) ``ctx.dataset("train")`` continues with the next epoch. ``epochs=N``: each ``for``
+        runs N epochs; ``epochs=None``: one endless stream (``next(it)`` in a step loop). A position restored
+        mid-epoch (a checkpoint, a restart, ``--resume``) resumes that epoch, and the ``for`` ends at its end.
+
         Shards are disjoint and cover the dataset exactly once per epoch; the order is deterministic for
-        ``seed`` (``shuffle=True``: shuffled per epoch in windows of ``shuffle_window`` rows). ``epochs``:
-        how many epochs in all (None: until the job stops reading). ``map_batches``: a function of a dict
+        ``seed`` (``shuffle=True``: shuffled per epoch in windows of ``shuffle_window`` rows). ``map_batches``: a function of a dict
         of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
         in the job's ``preprocess(dataset, ctx)``, run once by Ray Data and streamed to every worker).
         ``columns``: only these columns. The

@@ -124,10 +124,11 @@ class Position:
 
 
 class ShardBatches:
-    """An iterable over this rank's batches, epoch after epoch from ``position``; see the module doc."""
+    """An iterable over this rank's batches from ``position``: each ``for`` over it is ``epochs`` epochs (default
+    one: the rest of the current epoch), the next ``for`` continues; ``epochs=None``: one endless stream."""
 
     def __init__(self, source: Any, *, rank: int, size: int, batch_size: int, position: Position,
-                 epochs: int | None = None, shuffle: bool = False, seed: int = 0, shuffle_window: int = 10_000,
+                 epochs: int | None = 1, shuffle: bool = False, seed: int = 0, shuffle_window: int = 10_000,
                  prefetch: int = 2, device: Any = None, map_batches: Callable | None = None,
                  columns: list[str] | None = None):
         if batch_size < 1:
@@ -162,13 +163,18 @@ class ShardBatches:
             )
         return {c: batch[c] for c in self.columns}
 
-    def _produce(self) -> Iterator[tuple[Any, int, int]]:
-        """(torch batch, epoch, rows consumed) for every batch this rank gets from the position on."""
+    def _produce(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int]]:
+        """(torch batch, epoch, rows consumed) for every batch this rank gets from the position on, up to the
+        start of ``stop_epoch`` (None: no end)."""
         epoch, start = self.position.epoch, self.position.rows
-        while self.epochs is None or epoch < self.epochs:
+        while stop_epoch is None or epoch < stop_epoch:
+            got = False
             for part, consumed in self._epoch_rounds(epoch, start):
                 if part is not None:
+                    got = True
                     yield self._to_torch(part), epoch, consumed
+            if not got and start > 0 and stop_epoch is not None:
+                stop_epoch += 1  # restored at an epoch's very end: that epoch does not count as this loop's pass
             epoch, start = epoch + 1, 0
             yield None, epoch, 0  # the epoch ended: the position moves on even if the last round was dropped
 
@@ -196,7 +202,10 @@ class ShardBatches:
 
     # -- consuming -----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        items = self._prefetched() if self.prefetch > 0 else self._produce()
+        """One pass: from the position to the end of ``epochs`` epochs (the rest of the epoch the position is
+        in, then ``epochs - 1`` more); ``epochs=None``: no end. The next ``for`` goes on from there."""
+        stop_epoch = None if self.epochs is None else self.position.epoch + self.epochs
+        items = self._prefetched(stop_epoch) if self.prefetch > 0 else self._produce(stop_epoch)
         while True:
             started = time.perf_counter()
             item = next(items, _END)
@@ -209,14 +218,14 @@ class ShardBatches:
                 self.batches += 1
                 yield batch
 
-    def _prefetched(self) -> Iterator[tuple[Any, int, int]]:
+    def _prefetched(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int]]:
         """``_produce`` run ``prefetch`` items ahead in a daemon thread; its errors are raised here."""
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
         def run() -> None:
             try:
-                for item in self._produce():
+                for item in self._produce(stop_epoch):
                     while not stop.is_set():
                         try:
                             q.put(item, timeout=0.5)

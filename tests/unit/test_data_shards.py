@@ -149,3 +149,22 @@ def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_p
     assert again.data_position() == {"epoch": 0, "rows": 4} and again.state == {} and again.start_step == 1
     assert [b["id"].tolist() for b in again.dataset("train", epochs=1)] == [[4, 5, 6, 7], [8, 9, 10, 11],
                                                                             [12, 13, 14, 15], [16, 17, 18, 19]]
+
+
+def test_a_for_loop_is_one_epoch_and_the_next_for_continues_with_the_next():
+    (it,), positions = loaders(10, 1, 4, prefetch=2)  # the default: epochs=1 per pass
+    assert [b["id"].tolist() for b in it] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert positions[0].to_dict() == {"epoch": 1, "rows": 0}
+    assert [b["id"].tolist() for b in it] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # epoch 1
+    assert positions[0].to_dict() == {"epoch": 2, "rows": 0}
+    (two,), _ = loaders(6, 1, 4, epochs=2, prefetch=0)
+    assert [b["id"].tolist() for b in two] == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5]]
+
+
+def test_a_pass_restored_mid_epoch_ends_at_that_epochs_end_and_one_restored_at_its_end_runs_the_next():
+    (mid,), positions = loaders(10, 1, 4, position=Position(3, 4), prefetch=1)
+    assert [b["id"].tolist() for b in mid] == [[4, 5, 6, 7], [8, 9]]
+    assert positions[0].to_dict() == {"epoch": 4, "rows": 0}
+    (end,), positions = loaders(10, 1, 4, position=Position(3, 10), prefetch=0)
+    assert [b["id"].tolist() for b in end] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # epoch 4, not an empty pass
+    assert positions[0].to_dict() == {"epoch": 5, "rows": 0}

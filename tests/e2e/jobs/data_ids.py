@@ -41,20 +41,25 @@ def train(ctx):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     engine = ctx.deepspeed(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    batches = iter(ctx.dataset("train", shuffle=True, seed=7))
     resumed = ctx.resumed_from is not None
-    for step in range(ctx.start_step + 1, args.steps + 1):
-        ids = []
-        for _ in range(ctx.grad_accum):
-            batch = next(batches)
+    step, micro, ids = ctx.start_step, 0, []
+    while step < args.steps:
+        for batch in ctx.dataset("train", shuffle=True, seed=7):  # one epoch (the rest of it, when restored)
             ids += batch["id"].tolist()
             loss = F.mse_loss(engine(batch["x"].float()).squeeze(-1), batch["y"].float())
             engine.backward(loss)
             engine.step()
-        out("ids", rank=ctx.rank, step=step, resumed=resumed, ids=ids, epoch=ctx.data_position()["epoch"])
-        ctx.report({"loss": loss.item(), "step": step})
-        if args.fail_once_at_step == step and not resumed and ctx.rank == min(1, ctx.world_size - 1):
-            os._exit(1)  # a real process death
+            micro += 1
+            if micro % ctx.grad_accum:
+                continue
+            step += 1
+            out("ids", rank=ctx.rank, step=step, resumed=resumed, ids=ids, epoch=ctx.data_position()["epoch"])
+            ids = []
+            ctx.report({"loss": loss.item(), "step": step})
+            if args.fail_once_at_step == step and not resumed and ctx.rank == min(1, ctx.world_size - 1):
+                os._exit(1)  # a real process death
+            if step == args.steps:
+                break
     digest = hashlib.sha1()
     for param in engine.module.parameters():
         digest.update(param.detach().float().cpu().numpy().tobytes())
