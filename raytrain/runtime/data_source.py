@@ -21,7 +21,8 @@ resumable shards from it). The cache costs what ``materialize()`` cost: the data
 (spilled to disk when it does not fit).
 
 CPUs: Ray Data's read and map tasks ask for 1 CPU by default. When the training workers leave less than
-one CPU free (2 workers x 1 CPU on a 2-CPU cluster), such a task could only run before the workers take the
+one CPU free (2 workers x 1 CPU on a 2-CPU cluster, or another job holds the rest: what counts is what is free,
+``spare_cpus``), such a task could only run before the workers take the
 CPUs: the read then asks for 0 CPUs, ``preprocess`` gets ``ctx.task_args == {"num_cpus": 0}`` to pass to its
 transforms, and a dataset whose plan still asks for a CPU is produced whole before the workers start
 (``cpus_per_task``), as before, instead of hanging.
@@ -70,7 +71,7 @@ def read(spec: dict[str, str], task_args: dict[str, Any] | None = None) -> Any:
     """One ``--data`` entry as a Ray Dataset (lazy); ``task_args``: the read tasks' Ray remote args."""
     import ray.data
 
-    path, fmt, remote = spec["path"], spec["format"], {"ray_remote_args": dict(task_args or {})}
+    path, fmt, remote = spec["path"], spec["format"], dict(task_args or {})  # num_cpus=...: named parameters
     if fmt == "json":
         return ray.data.read_json(path, file_extensions=None if "*" in path else ["json", "jsonl"], **remote)
     if fmt == "parquet":
@@ -129,6 +130,12 @@ def check_rows(where: str, rows: int, done: bool, error: str | None, dp: int, mi
         return (f"{where}: {rows} row(s) is fewer than one micro-batch on every data-parallel rank "
                 f"({dp} x {micro}); give more data or a smaller --micro-batch")
     return None
+
+
+def spare_cpus(available: float, total: float, workers: float) -> float:
+    """CPUs Ray Data's tasks may ask for beside the training workers: what is FREE now (another job's holdings
+    are not), less what the workers (not placed yet) will take."""
+    return min(float(available), float(total)) - float(workers)
 
 
 def cpus_per_task(ds: Any) -> float:

@@ -5,6 +5,7 @@ test can check that the ranks saw each id exactly once per epoch, before and aft
 The end writes ``@@params {"sha": ...}``, a hash of the final parameters' bytes (bit-for-bit comparisons).
 ``--formats a,b,...``: first read one batch of each named dataset and write ``@@format`` with its columns.
 ``--fail-once-at-step N``: rank 1 dies after step N unless the run was restored.
+``--stuck``: the preprocess asks for a resource no node has (its Ray Data tasks never run).
 """
 import argparse
 import hashlib
@@ -29,11 +30,20 @@ def check_formats(ctx, names):
             out("format", name=name, columns=sorted(batch), rows=len(next(iter(batch.values()))), first=first)
 
 
+def preprocess(dataset, ctx):
+    """``--stuck``: a transform that asks for a resource no node has, so its tasks stay pending (the
+    --data-timeout test); otherwise the rows as they are."""
+    if "--stuck" in ctx.args:
+        return dataset.map_batches(lambda b: b, batch_format="numpy", num_cpus=0, resources={"no_such_node": 1})
+    return dataset
+
+
 def train(ctx):
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--fail-once-at-step", type=int, default=0)
     p.add_argument("--formats", default="")
+    p.add_argument("--stuck", action="store_true")
     args = p.parse_args(ctx.args)
     if args.formats:
         check_formats(ctx, args.formats.split(","))
