@@ -229,8 +229,8 @@ class TrainContext:
         ``seed`` (``shuffle=True``: shuffled per epoch in windows of ``shuffle_window`` rows). ``map_batches``: a function of a dict
         of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
         in the job's ``preprocess(dataset, ctx)``, run once by Ray Data and streamed to every worker).
-        ``columns``: only these columns. The
-        position (epoch, rows consumed) is saved with every checkpoint and restored with it, also onto
+        ``columns``: only these columns. Each rank fetches only the blocks of its own share (about 1/N of
+        the dataset per epoch). The position (epoch, rows consumed) is saved with every checkpoint and restored with it, also onto
         another number of workers. Call ``ctx.deepspeed()`` before iterating, so the position is restored.
         """
         from raytrain.runtime import data_feed
@@ -248,8 +248,9 @@ class TrainContext:
         self._loaders.append(loader)
         return loader
 
-    def data_position(self, name: str = "train") -> dict[str, int]:
-        """Where ``ctx.dataset(name)`` is: {"epoch", "rows"} (global rows of the epoch already handed out)."""
+    def data_position(self, name: str = "train") -> dict[str, Any]:
+        """Where ``ctx.dataset(name)`` is: {"epoch", "rows" (global rows of the epoch already handed out),
+        "phases" (how the epoch was split: per number of ranks, the rows each rank consumed)}."""
         return self._positions.setdefault(name, Position()).to_dict()
 
     def _data_wait(self) -> float | None:
@@ -271,8 +272,9 @@ class TrainContext:
             return
         step, self.state = restored
         for name, pos in (self.state.pop(DATA_KEY, None) or {}).items():
+            restored = Position(**pos)  # epoch, rows, and the epoch's phases (absent in older checkpoints)
             position = self._positions.setdefault(name, Position())
-            position.epoch, position.rows = int(pos["epoch"]), int(pos["rows"])
+            position.epoch, position.rows, position.phases = restored.epoch, restored.rows, restored.phases
         self.start_step = step
         self._reporter.resume_at(step)
         self.resumed_from = self._checkpoints.restore_from
