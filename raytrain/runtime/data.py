@@ -7,7 +7,7 @@ over another number of ranks. raytrain's Feeder executes the dataset once per jo
 fixed order (raytrain.runtime.data_feed); each rank reads only the blocks of its own share:
 
 - An epoch's rows are dealt in rounds of ``n x C`` rows (n ranks; ``C``, a piece: a whole number of batches
-  covering about four of the dataset's blocks, ``piece_rows``): rank r takes one piece of C consecutive rows
+  covering about eight of the dataset's blocks, ``piece_rows``): rank r takes one piece of C consecutive rows
   of each round (which piece: shuffled per round with ``shuffle=True``), so it fetches about 1/n of the
   blocks (a piece's first and last block can be shared with a neighbour). The rest of the epoch (fewer than
   ``n x C`` rows) goes in n contiguous chunks of whole batches, then the last rows (fewer than
@@ -148,10 +148,14 @@ def _empty(seg) -> bool:
     return (len(seg) == 0) if isinstance(seg, np.ndarray) else (seg[1] is not None and seg[1] <= seg[0])
 
 
+PIECE_BLOCKS = 8
+
+
 def piece_rows(first_block_rows: int, batch_size: int) -> int:
-    """How many consecutive rows a rank takes at a time (a multiple of the batch size): several of the dataset's
-    blocks, so that each rank fetches about 1/N of the blocks (a piece's first and last block may be shared)."""
-    target = max(4 * int(first_block_rows), batch_size)
+    """How many consecutive rows a rank takes at a time (a multiple of the batch size): eight of the dataset's
+    blocks, so that each rank fetches about 1/N of the blocks (a piece's edge blocks may be shared: a piece
+    not aligned to the blocks touches nine, 9/16 of the dataset at 2 ranks)."""
+    target = max(PIECE_BLOCKS * int(first_block_rows), batch_size)
     return -(-target // batch_size) * batch_size
 
 

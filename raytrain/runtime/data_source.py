@@ -67,11 +67,31 @@ def quiet_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
+MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, BLOCKS_WANTED = 32 << 20, 1 << 20, 64
+
+
+def block_bytes(spec: dict[str, str]) -> int:
+    """The largest block the read and the transforms make of a dataset (Ray Data's target_max_block_size): about
+    1/BLOCKS_WANTED of a local dataset, between 1 and 32 MiB. A rank fetches whole blocks, so a dataset in a
+    few big blocks (Ray Data's default: up to 128 MiB; its read puts many small files in one) could not be
+    shared out, and a worker holds two blocks at a time. 32 MiB where the size is unknown (a URI)."""
+    from raytrain.config.data import _files, _of_format, is_uri
+
+    if is_uri(spec["path"]):
+        return MAX_BLOCK_BYTES
+    size = sum(f.stat().st_size for f in _of_format(_files(spec["path"]), spec["format"]))
+    return int(min(max(size // BLOCKS_WANTED, MIN_BLOCK_BYTES), MAX_BLOCK_BYTES))
+
+
 def read(spec: dict[str, str], task_args: dict[str, Any] | None = None) -> Any:
     """One ``--data`` entry as a Ray Dataset (lazy); ``task_args``: the read tasks' Ray remote args."""
     import ray.data
 
+    from ray.data import DataContext
+
     path, fmt, remote = spec["path"], spec["format"], dict(task_args or {})  # num_cpus=...: named parameters
+    # a Dataset keeps the context it was made with: this block size holds for its read and its preprocess
+    DataContext.get_current().target_max_block_size = block_bytes(spec)
     if fmt == "json":
         return ray.data.read_json(path, file_extensions=None if "*" in path else ["json", "jsonl"], **remote)
     if fmt == "parquet":

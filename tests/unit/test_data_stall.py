@@ -64,3 +64,20 @@ def test_data_timeout_is_an_option_with_a_default_and_checked(tmp_path):
     assert resolve(Options(**base, data_timeout=30)).data_timeout_s == 30.0
     with pytest.raises(ConfigError, match="--data-timeout -1: must be a number >= 0"):
         resolve(Options(**base, data_timeout=-1))
+
+
+def test_a_dataset_is_read_in_blocks_of_about_a_64th_between_1_and_32_mib(tmp_path):
+    from raytrain.runtime.data_source import block_bytes
+
+    for i in range(5):
+        (tmp_path / f"p{i}.parquet").write_bytes(b"x" * 100)
+    (tmp_path / "README.md").write_text("not data")
+    assert block_bytes({"path": str(tmp_path), "format": "parquet"}) == 1 << 20  # small: 1 MiB
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(640 << 20)
+    assert block_bytes({"path": str(big), "format": "json"}) == 10 << 20
+    with open(big, "wb") as f:
+        f.truncate(4 << 30)
+    assert block_bytes({"path": str(big), "format": "json"}) == 32 << 20
+    assert block_bytes({"path": "s3://b/x.parquet", "format": "parquet"}) == 32 << 20
