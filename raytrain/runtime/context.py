@@ -225,13 +225,15 @@ class TrainContext:
         runs N epochs; ``epochs=None``: one endless stream (``next(it)`` in a step loop). A position restored
         mid-epoch (a checkpoint, a restart, ``--resume``) resumes that epoch, and the ``for`` ends at its end.
 
-        Shards are disjoint and cover the dataset exactly once per epoch; the order is deterministic for
-        ``seed`` (``shuffle=True``: shuffled per epoch in windows of ``shuffle_window`` rows). ``map_batches``: a function of a dict
-        of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
-        in the job's ``preprocess(dataset, ctx)``, run once by Ray Data and streamed to every worker).
-        ``columns``: only these columns. Each rank fetches only the blocks of its own share (about 1/N of
-        the dataset per epoch). The position (epoch, rows consumed) is saved with every checkpoint and restored with it, also onto
-        another number of workers. Call ``ctx.deepspeed()`` before iterating, so the position is restored.
+        Shards are disjoint and cover the dataset exactly once per epoch, and each rank fetches only the
+        blocks of its own share (about 1/N of the dataset per epoch); the assignment and order are
+        deterministic for (dataset, ``seed``, epoch, ranks) (``shuffle=True``: pieces dealt to ranks in a
+        shuffled order, rows shuffled in windows of ``shuffle_window`` rows). ``map_batches``: a function of a
+        dict of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
+        in the job's ``preprocess(dataset, ctx)``, run once by Ray Data). ``columns``: only these columns.
+        The position (epoch, rows consumed per phase) is saved with every checkpoint and restored with it,
+        also onto another number of workers (the rest of the epoch re-split over them). Call
+        ``ctx.deepspeed()`` before iterating, so the position is restored.
         """
         from raytrain.runtime import data_feed
 

@@ -1,12 +1,16 @@
-"""One Ray Data execution per ``--data`` dataset, streamed to every worker in one fixed order and cached.
+"""One Ray Data execution per ``--data`` dataset, its blocks cached in one fixed order, each worker fetching
+only the blocks of its own share.
 
 The driver starts a ``Feeder`` actor (0 CPUs) per dataset: it runs the dataset's Ray Data plan (read + the
 job's ``preprocess``) once, streaming, with ``preserve_order=True``, and keeps the output blocks' object refs
-in the order Ray Data produced them. Workers (``FeedSource``) read the blocks by index as soon as they exist:
+in the order Ray Data produced them, with their row counts. Workers (``FeedSource``) get that table as it grows
+and fetch only the blocks holding the rows raytrain.runtime.data assigns them, as soon as they exist:
 training starts when the first blocks are ready, while Ray Data tasks keep producing the rest on the
 cluster's CPUs. The second and later epochs, and the workers of a restarted attempt, read the cached blocks
-(preprocessing runs once per job, never on a worker, never once per rank). Every worker sees the same rows
-in the same order, which is what raytrain.runtime.data's disjoint, exactly-once, resumable shards need.
+(preprocessing runs once per job, never on a worker, never once per rank). Every worker sees the same block
+table in the same order, which is what raytrain.runtime.data's disjoint, exactly-once, resumable shards
+need. A feed that produces nothing new for ``--data-timeout`` seconds ends with an error naming the pending
+Ray Data tasks (``watch_stall``), so neither the driver nor a worker waits forever.
 """
 from __future__ import annotations
 

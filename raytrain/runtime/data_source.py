@@ -14,10 +14,11 @@ Why this design (Ray 2.60; each alternative was read in ray/data and rejected fo
   transforms once, but training waits for the whole dataset (the ``data_ready`` phase grew with it).
 
 raytrain executes the plan ONCE per job, with ``preserve_order=True``, in a Feeder actor that keeps the
-output blocks' refs in order; workers read blocks by index as soon as they exist, later epochs and
-restarted attempts read the same cached blocks. The driver only waits for one global micro-batch of rows.
-So: streaming, preprocessing once, one global order (raytrain.runtime.data cuts the disjoint, exactly-once,
-resumable shards from it). The cache costs what ``materialize()`` cost: the dataset in the object store
+output blocks' refs in order; each worker fetches only the blocks of its share as soon as they exist, later
+epochs and restarted attempts read the same cached blocks. The driver only waits for one global micro-batch
+of rows. So: streaming, preprocessing once, one block order (raytrain.runtime.data deals the disjoint,
+exactly-once, resumable shards from it; blocks of about 1/64 of the dataset, ``block_bytes``, so there are
+enough to deal). The cache costs what ``materialize()`` cost: the dataset in the object store
 (spilled to disk when it does not fit).
 
 CPUs: Ray Data's read and map tasks ask for 1 CPU by default. When the training workers leave less than
