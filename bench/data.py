@@ -116,8 +116,8 @@ def scale(args) -> int:
     env = dict(os.environ)
     import psutil
 
-    # Ray sizes the object store as a share of the node's memory at `ray start`: ask for --object-store-mb
-    env["RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION"] = f"{args.object_store_mb * 1e6 / psutil.virtual_memory().total:.6f}"
+    # Ray sizes the object store as a share of the memory available at `ray start`: ask for --object-store-mb
+    env["RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION"] = f"{args.object_store_mb * 1e6 / psutil.virtual_memory().available:.6f}"
     started = bl.cluster_up(env, num_cpus=2)
     if not started:
         bl.log("a cluster was already running: its object store size is what it is (see object_store_bytes)")
