@@ -117,7 +117,8 @@ def scale(args) -> int:
     import psutil
 
     # Ray sizes the object store as a share of the memory available at `ray start`: ask for --object-store-mb
-    env["RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION"] = f"{args.object_store_mb * 1e6 / psutil.virtual_memory().available:.6f}"
+    share = args.object_store_mb * 1e6 / psutil.virtual_memory().available
+    env["RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION"] = f"{share:.6f}"
     started = bl.cluster_up(env, num_cpus=2)
     if not started:
         bl.log("a cluster was already running: its object store size is what it is (see object_store_bytes)")
@@ -152,12 +153,14 @@ def scale(args) -> int:
         "rss_peak_gb_per_worker": [round(ranks[r]["rss_peak"] / 1e9, 3) for r in sorted(ranks)],
         "rss_peak_gb_sampled": run.rss_peak_gb, "rss_limit_gb": args.rss_limit_gb,
         "steps": run.steps, "steady_step_s": run.steady_step_s,
-        "data_wait_share": bl.ratio(wait, step), "data_wait_s_median": bl.median([m.get("data_wait_s") for m in metrics]),
+        "data_wait_share": bl.ratio(wait, step),
+        "data_wait_s_median": bl.median([m.get("data_wait_s") for m in metrics]),
         "wall_s": run.wall_s,
     }
     summary["goals"] = {
         "read_share_ok": summary["read_share"] is not None and summary["read_share"] <= SCALE_GOALS["read_share"],
-        "data_wait_ok": summary["data_wait_share"] is not None and summary["data_wait_share"] <= SCALE_GOALS["data_wait"],
+        "data_wait_ok": (summary["data_wait_share"] is not None
+                         and summary["data_wait_share"] <= SCALE_GOALS["data_wait"]),
         "rss_ok": bool(ranks) and max(summary["rss_peak_gb_per_worker"]) <= args.rss_limit_gb,
         "dataset_at_least_4x_object_store": (summary["dataset_to_object_store"] or 0) >= 4,
     }

@@ -210,7 +210,8 @@ def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_p
     again = make()
     monkeypatch.setattr(again._checkpoints, "restore", lambda engine: (1, dict(saved)))
     again._restore()
-    assert again.data_position() == {"epoch": 0, "rows": 4, "phases": phases} and again.state == {} and again.start_step == 1
+    assert again.data_position() == {"epoch": 0, "rows": 4, "phases": phases}
+    assert again.state == {} and again.start_step == 1
     assert [b["id"].tolist() for b in again.dataset("train", epochs=1)] == [[4, 5, 6, 7], [8, 9, 10, 11],
                                                                             [12, 13, 14, 15], [16, 17, 18, 19]]
 
