@@ -83,7 +83,7 @@ def train(ctx):
     ctx.log(f"GPT: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocabulary {vocab}, "
             f"loss at start ~ln({vocab}) = {math.log(vocab):.2f}")
     engine = ctx.deepspeed(model, lr=args.lr)
-    batches = iter(ctx.dataset("train", shuffle=True, seed=0))
+    batches = iter(ctx.dataset("train", shuffle=True, seed=0, epochs=None))  # a stream: next() per micro-batch
     if args.in_memory:
         batches = iter([next(batches) for _ in range((args.steps - ctx.start_step) * ctx.grad_accum)])
     for step in range(ctx.start_step + 1, args.steps + 1):

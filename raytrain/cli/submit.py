@@ -77,11 +77,13 @@ def describe_data(plan) -> list[str]:
     summary = data_summary(plan)
     if summary is None:
         return []
-    from raytrain.config.data import describe
+    from raytrain.config.data import describe, describe_share
 
     lines = [f"data        {line}" for line in describe(plan.data)]
     for key in ("preprocess_where", "streaming", "workers"):
         lines.append(f"            {key.split('_')[0]}: {summary[key]}")
+    for spec, read in zip(plan.data, summary["read_per_rank"]):
+        lines.append(f"            per rank: {describe_share(spec['name'], read)}")
     return lines
 
 

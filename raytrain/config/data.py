@@ -145,11 +145,106 @@ def data_plan(datasets: list[dict[str, str]], *, preprocess: bool, prefetch: int
             "(all rows first if a transform asks for a CPU that only the workers' reservation has)"
         ),
         "workers": (
-            f"each of {dp} data-parallel rank(s) takes its own rows of one seeded global order (ctx.dataset), "
+            f"each of {dp} data-parallel rank(s) reads only its own share of the blocks (ctx.dataset), "
             f"prefetch {prefetch} batch(es) ahead" + (" of the step" if prefetch else ": off")
         ),
         "prefetch": prefetch,
+        "read_per_rank": [share(measure(d), dp) for d in datasets],
     }
+
+
+_COUNT_LIMIT = 256 << 20  # line-based files up to this size are counted; larger ones estimated from a sample
+
+
+def _files(path: str) -> list[Path]:
+    p = Path(path)
+    if any(ch in path for ch in "*?["):
+        return sorted(Path(f) for f in globlib.glob(path, recursive=True) if Path(f).is_file())
+    if p.is_dir():
+        return sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+    return [p] if p.is_file() else []
+
+
+def _of_format(files: list[Path], fmt: str) -> list[Path]:
+    """The files a format's reader takes (a folder can hold others: a README, a manifest)."""
+    mine = [f for f in files if EXTENSIONS.get(f.suffix.lower()) == fmt]
+    return mine or files
+
+
+def _lines(f: Path, size: int) -> tuple[int, bool]:
+    """Lines of a text file: counted, or (larger than _COUNT_LIMIT) estimated from its first 4 MiB."""
+    with open(f, "rb") as fh:
+        if size <= _COUNT_LIMIT:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b"")), True
+        head = fh.read(4 << 20)
+    return int(head.count(b"\n") * size / max(len(head), 1)), False
+
+
+def measure(spec: dict[str, str]) -> dict:
+    """A dataset's rows and bytes as its files tell, without reading them through Ray: Parquet footers (rows,
+    and the uncompressed size of the row groups), line counts for JSON Lines/CSV/text, the Arrow files'
+    metadata of a save_to_disk folder. {"rows", "bytes", "source"}; None where it cannot be known here (a URI:
+    the cluster reads it)."""
+    path, fmt = spec["path"], spec["format"]
+    if is_uri(path):
+        return {"rows": None, "bytes": None, "source": "a URI: read on the cluster"}
+    files = _of_format(_files(path), fmt)
+    rows: int | None = 0
+    size, exact = 0, True
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            for f in files:
+                meta = pq.ParquetFile(f).metadata
+                rows += meta.num_rows
+                size += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            return {"rows": rows, "bytes": size, "source": "Parquet footers (bytes: uncompressed)"}
+        if fmt == "hf":
+            import pyarrow as pa
+
+            for f in sorted(Path(path).glob("*.arrow")):
+                with pa.memory_map(str(f)) as source:
+                    table = pa.ipc.open_stream(source).read_all()
+                rows += table.num_rows
+                size += table.nbytes
+            return {"rows": rows, "bytes": size, "source": "the Arrow files"}
+        for f in files:
+            n = f.stat().st_size
+            size += n
+            lines, counted = _lines(f, n)
+            exact = exact and counted
+            rows += max(lines - (1 if fmt == "csv" else 0), 0)
+        return {"rows": rows, "bytes": size, "source": "line counts" if exact else "line counts (estimated)"}
+    except Exception as exc:  # an unreadable footer: the job's own read will say what is wrong
+        return {"rows": None, "bytes": None, "source": f"unknown ({type(exc).__name__}: {str(exc)[:80]})"}
+
+
+def share(measured: dict, dp: int) -> dict:
+    """What each data-parallel rank reads of a measured dataset per epoch: about 1/dp of its rows and bytes
+    (each rank fetches only the blocks of its share; a piece's edge blocks can be fetched by two ranks)."""
+    rows, size = measured.get("rows"), measured.get("bytes")
+    return {**measured, "ranks": dp,
+            "rows_per_rank": None if rows is None else -(-rows // dp),
+            "bytes_per_rank": None if size is None else -(-size // dp)}
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def describe_share(name: str, read: dict) -> str:
+    """--dry-run's line for one dataset's per-rank reading."""
+    if read.get("rows") is None:
+        return f"{name}: rows and bytes per rank unknown before the job reads it ({read['source']})"
+    return (f"{name}: each of {read['ranks']} rank(s) reads ~{read['rows_per_rank']:,} of {read['rows']:,} rows, "
+            f"~{_size(read['bytes_per_rank'])} of {_size(read['bytes'])} per epoch (from {read['source']}; "
+            "rows before the job's preprocess)")
 
 
 def describe(datasets: list[dict[str, str]]) -> list[str]:

@@ -138,6 +138,11 @@ class Options:
         "Batches ctx.dataset prepares ahead of the training step; 0 = none. Default {default}.", type=int,
         metavar="N", default=2,
     )
+    data_timeout: float | None = option(  # seconds without a new block of a --data dataset (0: no limit)
+        "Fail the job when reading/preprocessing a --data dataset produces nothing new for SECONDS, naming the "
+        "Ray Data tasks still pending (e.g. waiting for CPUs another job holds). 0: wait forever. "
+        "Default {default}.", type=float, metavar="SECONDS", default=600.0,
+    )
     checkpoint_every: int | None = option(  # steps; 0 = only when the job asks
         "Checkpoint every N steps (and at the end).", type=int, default=0
     )

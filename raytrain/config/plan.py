@@ -61,6 +61,7 @@ class Plan:
     start_timeout_s: float = DEFAULTS["start_timeout"]  # how long the workers may wait to be placed
     data: list[dict[str, str]] = field(default_factory=list)  # --data: [{"name", "path", "format"}]
     prefetch: int = DEFAULTS["prefetch"]  # --prefetch: batches ctx.dataset prepares ahead
+    data_timeout_s: float = DEFAULTS["data_timeout"]  # --data-timeout: a dataset's feed may stall this long
     mode: str = "train"  # "train": the workers call train(ctx); "script": they run the file as __main__
     micro_batch: int = DEFAULTS["micro_batch"]
     grad_accum: int = DEFAULTS["grad_accum"]

@@ -249,4 +249,5 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
         interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,
         prefetch=prefetch, track=track, mlflow_uri=opts.mlflow_uri, track_args=bool(opts.track_args),
+        data_timeout_s=check_number("data_timeout", _or_default(opts, "data_timeout"), 0, strict=False),
     )

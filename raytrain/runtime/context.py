@@ -211,7 +211,7 @@ class TrainContext:
         *,
         shuffle: bool = False,
         seed: int = 0,
-        epochs: int | None = None,
+        epochs: int | None = 1,
         map_batches: Any = None,
         columns: list[str] | None = None,
         shuffle_window: int = 10_000,
@@ -219,14 +219,20 @@ class TrainContext:
         """This data-parallel rank's batches of ``--data NAME=PATH``: dicts of torch tensors on ``ctx.device``
         (text columns stay lists of str), ``batch_size`` rows each (default ``ctx.micro_batch``).
 
-        Shards are disjoint and cover the dataset exactly once per epoch; the order is deterministic for
-        ``seed`` (``shuffle=True``: shuffled per epoch in windows of ``shuffle_window`` rows). ``epochs``:
-        how many epochs in all (None: until the job stops reading). ``map_batches``: a function of a dict
-        of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
-        in the job's ``preprocess(dataset, ctx)``, run once by Ray Data and streamed to every worker).
-        ``columns``: only these columns. The
-        position (epoch, rows consumed) is saved with every checkpoint and restored with it, also onto
-        another number of workers. Call ``ctx.deepspeed()`` before iterating, so the position is restored.
+        ``for batch in ctx.dataset("train")`` is ONE epoch, like a PyTorch DataLoader; the next ``for`` over
+        the same (or a new) ``ctx.dataset("train")`` continues with the next epoch. ``epochs=N``: each ``for``
+        runs N epochs; ``epochs=None``: one endless stream (``next(it)`` in a step loop). A position restored
+        mid-epoch (a checkpoint, a restart, ``--resume``) resumes that epoch, and the ``for`` ends at its end.
+
+        Shards are disjoint and cover the dataset exactly once per epoch, and each rank fetches only the
+        blocks of its own share (about 1/N of the dataset per epoch); the assignment and order are
+        deterministic for (dataset, ``seed``, epoch, ranks) (``shuffle=True``: pieces dealt to ranks in a
+        shuffled order, rows shuffled in windows of ``shuffle_window`` rows). ``map_batches``: a function of a
+        dict of numpy arrays run on this worker, ahead of the step when ``--prefetch`` > 0 (heavy work belongs
+        in the job's ``preprocess(dataset, ctx)``, run once by Ray Data). ``columns``: only these columns.
+        The position (epoch, rows consumed per phase) is saved with every checkpoint and restored with it,
+        also onto another number of workers (the rest of the epoch re-split over them). Call
+        ``ctx.deepspeed()`` before iterating, so the position is restored.
         """
         from raytrain.runtime import data_feed
 
@@ -243,8 +249,9 @@ class TrainContext:
         self._loaders.append(loader)
         return loader
 
-    def data_position(self, name: str = "train") -> dict[str, int]:
-        """Where ``ctx.dataset(name)`` is: {"epoch", "rows"} (global rows of the epoch already handed out)."""
+    def data_position(self, name: str = "train") -> dict[str, Any]:
+        """Where ``ctx.dataset(name)`` is: {"epoch", "rows" (global rows of the epoch already handed out),
+        "phases" (how the epoch was split: per number of ranks, the rows each rank consumed)}."""
         return self._positions.setdefault(name, Position()).to_dict()
 
     def _data_wait(self) -> float | None:
@@ -266,8 +273,9 @@ class TrainContext:
             return
         step, self.state = restored
         for name, pos in (self.state.pop(DATA_KEY, None) or {}).items():
+            restored = Position(**pos)  # epoch, rows, and the epoch's phases (absent in older checkpoints)
             position = self._positions.setdefault(name, Position())
-            position.epoch, position.rows = int(pos["epoch"]), int(pos["rows"])
+            position.epoch, position.rows, position.phases = restored.epoch, restored.rows, restored.phases
         self.start_step = step
         self._reporter.resume_at(step)
         self.resumed_from = self._checkpoints.restore_from

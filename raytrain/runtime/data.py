@@ -3,17 +3,24 @@ tensors on the worker's device, exactly once per epoch across ranks, resumable a
 
 How the rows are split (and why not Ray's ``streaming_split``): ``streaming_split`` hands blocks to whichever
 rank asks first, so which rank sees which row depends on timing, and a position cannot be saved or re-split
-over another number of ranks. raytrain instead streams the same blocks, in the same order, to every worker
-(one execution per job, cached: raytrain.runtime.data_feed and data_source) and defines one global order
-per epoch: the dataset's rows, optionally shuffled in windows of ``shuffle_window`` rows by a
-generator seeded with (seed, epoch, window). The rows are taken in rounds of ``dp_size x batch_size``; rank
-``r`` keeps rows ``[r*batch_size, (r+1)*batch_size)`` of each round. The position is (epoch, global rows
-consumed), the same on every rank: after a restart (same or other number of ranks) the first ``rows`` rows of
-the epoch's order are skipped and the rest is split over the new ranks, so nothing is skipped or repeated.
-A last round smaller than ``dp_size x batch_size`` is split as evenly as possible (dropped if it has fewer
-rows than ranks, so that every rank does the same number of steps).
+over another number of ranks. raytrain's Feeder executes the dataset once per job and keeps its blocks in a
+fixed order (raytrain.runtime.data_feed); each rank reads only the blocks of its own share:
 
-Ray Data fetches and formats the next blocks in background threads (``prefetch_batches``); with
+- An epoch's rows are dealt in rounds of ``n x C`` rows (n ranks; ``C``, a piece: a whole number of batches
+  covering about eight of the dataset's blocks, ``piece_rows``): rank r takes one piece of C consecutive rows
+  of each round (which piece: shuffled per round with ``shuffle=True``), so it fetches about 1/n of the
+  blocks (a piece's first and last block can be shared with a neighbour). The rest of the epoch (fewer than
+  ``n x C`` rows) goes in n contiguous chunks of whole batches, then the last rows (fewer than
+  ``n x batch_size``) one short batch each, split evenly (dropped when fewer than n: every rank does the same
+  number of steps). Inside a piece the rows are read in windows of ``shuffle_window`` rows, each permuted by a
+  generator seeded with (seed, epoch, phase, round, piece, window) when ``shuffle=True``.
+- Every rank consumes its rows in lockstep (one batch per micro-step), so a position is the same on every
+  rank: (epoch, and per phase: ranks, batch size, piece size, rows each rank consumed). Restored on the same
+  number of ranks it continues each rank's share bit for bit; on another number (a restart after a resize,
+  ``--resume`` on fewer workers) a new phase re-splits exactly the rows no rank consumed, by the same rule.
+  Nothing is skipped or repeated; every assignment is a function of (dataset, seed, epoch, ranks, position).
+
+The next blocks of a rank's share are pulled to its node ahead (``--prefetch`` blocks); with
 ``--prefetch N > 0`` a thread also cuts, converts and copies the next N batches (pinned memory and a
 non-blocking copy on GPU), so the step only waits when the input is slower than training. The time each
 ``next()`` waited is counted (``wait_s``) and reported with the step's metrics as ``data_wait_s``.
@@ -64,41 +71,6 @@ def rechunk(batches: Iterator[dict[str, np.ndarray]], size: int) -> Iterator[dic
         yield _concat(parts)
 
 
-def epoch_order(batches: Iterator[dict[str, np.ndarray]], *, shuffle: bool, seed: int, epoch: int,
-                window: int) -> Iterator[dict[str, np.ndarray]]:
-    """The epoch's global row order: the dataset's order, or shuffled within windows of ``window`` rows by a
-    generator seeded with (seed, epoch, window index): the same on every rank and every run."""
-    if not shuffle:
-        yield from batches
-        return
-    for i, chunk in enumerate(rechunk(batches, window)):
-        perm = np.random.default_rng([seed, epoch, i]).permutation(_rows(chunk))
-        yield {k: v[perm] for k, v in chunk.items()}
-
-
-def skip_rows(batches: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[dict[str, np.ndarray]]:
-    """``batches`` without their first ``rows`` rows."""
-    for batch in batches:
-        n = _rows(batch)
-        if rows >= n:
-            rows -= n
-            continue
-        yield _take(batch, rows, n) if rows else batch
-        rows = 0
-
-
-def my_part(round_: dict[str, np.ndarray], *, rank: int, size: int, batch_size: int) -> dict[str, np.ndarray] | None:
-    """Rank ``rank``'s rows of one round of ``size x batch_size`` rows (a short last round split evenly;
-    None when it has fewer rows than ranks: dropped by every rank alike)."""
-    n = _rows(round_)
-    if n == size * batch_size:
-        return _take(round_, rank * batch_size, (rank + 1) * batch_size)
-    if n < size:
-        return None
-    bounds = np.linspace(0, n, size + 1).astype(int)  # array_split's boundaries
-    return _take(round_, int(bounds[rank]), int(bounds[rank + 1]))
-
-
 def numeric(value: Any) -> Any:
     """A column of equal-length numeric lists (JSON arrays, Arrow list columns) as one 2-D+ array."""
     if isinstance(value, np.ndarray) and value.dtype == object and len(value):
@@ -113,21 +85,206 @@ def numeric(value: Any) -> Any:
     return value
 
 
-class Position:
-    """Where a dataset's iteration is: epoch, and global rows of that epoch's order already handed out."""
+class Seq:
+    """An ordered sequence of the dataset's global row indices: ranges ``(start, stop)`` and index arrays;
+    only the last segment may be open (``stop=None``: to the dataset's end, which may not be known yet)."""
 
-    def __init__(self, epoch: int = 0, rows: int = 0):
-        self.epoch, self.rows = int(epoch), int(rows)
+    def __init__(self, segments: list):
+        self.segments = [s for s in segments if not _empty(s)]
+
+    def closed_len(self) -> int:
+        return sum(_seg_len(s) for s in self.segments if not _open(s))
+
+    def open_start(self) -> int | None:
+        return self.segments[-1][0] if self.segments and _open(self.segments[-1]) else None
+
+    def length(self, total: int | None) -> int | None:
+        """Rows in all (``total``: the dataset's rows, None while unknown -> None for an open sequence)."""
+        start = self.open_start()
+        if start is None:
+            return self.closed_len()
+        return None if total is None else self.closed_len() + max(total - start, 0)
+
+    def slice(self, a: int, b: int | None) -> "Seq":
+        """Rows ``[a, b)`` of this sequence (``b=None``: to its end)."""
+        out, pos = [], 0
+        for seg in self.segments:
+            n = None if _open(seg) else _seg_len(seg)
+            lo, hi = max(a - pos, 0), None if b is None else b - pos
+            if n is not None and lo >= n:
+                pos += n
+                continue
+            if hi is not None and hi <= 0:
+                break
+            if isinstance(seg, np.ndarray):
+                out.append(seg[lo:hi])
+            else:
+                stop = seg[1] if hi is None or (n is not None and hi >= n) else seg[0] + hi
+                out.append((seg[0] + lo, stop))
+            if n is None:
+                break
+            pos += n
+        return Seq(out)
+
+    def indices(self, local: np.ndarray) -> np.ndarray:
+        """The global rows at positions ``local`` of this (closed) sequence."""
+        flat = np.concatenate([s if isinstance(s, np.ndarray) else np.arange(s[0], s[1]) for s in self.segments]
+                              or [np.zeros(0, dtype=np.int64)])
+        return flat[local]
+
+    def to_list(self) -> list:
+        return [s.tolist() if isinstance(s, np.ndarray) else [s[0], s[1]] for s in self.segments]
+
+
+def _open(seg) -> bool:
+    return not isinstance(seg, np.ndarray) and seg[1] is None
+
+
+def _seg_len(seg) -> int:
+    return len(seg) if isinstance(seg, np.ndarray) else seg[1] - seg[0]
+
+
+def _empty(seg) -> bool:
+    return (len(seg) == 0) if isinstance(seg, np.ndarray) else (seg[1] is not None and seg[1] <= seg[0])
+
+
+PIECE_BLOCKS = 8
+
+
+def piece_rows(first_block_rows: int, batch_size: int) -> int:
+    """How many consecutive rows a rank takes at a time (a multiple of the batch size): eight of the dataset's
+    blocks, so that each rank fetches about 1/N of the blocks (a piece's edge blocks may be shared: a piece
+    not aligned to the blocks touches nine, 9/16 of the dataset at 2 ranks)."""
+    target = max(PIECE_BLOCKS * int(first_block_rows), batch_size)
+    return -(-target // batch_size) * batch_size
+
+
+class Phase:
+    """Part of an epoch read by one number of ranks: ``n`` ranks, ``bs`` rows per batch, pieces of ``C`` rows,
+    ``u`` rows consumed by each rank so far (the same on every rank: they consume in lockstep)."""
+
+    def __init__(self, n: int, bs: int, C: int, u: int = 0):
+        self.n, self.bs, self.C, self.u = int(n), int(bs), int(C), int(u)
 
     def to_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "rows": self.rows}
+        return {"n": self.n, "bs": self.bs, "C": self.C, "u": self.u}
+
+
+class Position:
+    """Where a dataset's iteration is: epoch, global rows of the epoch handed out, and the epoch's phases (one
+    per number of ranks it was read with: after a resize the rest of the epoch is re-split)."""
+
+    def __init__(self, epoch: int = 0, rows: int = 0, phases: list | None = None):
+        self.epoch, self.rows = int(epoch), int(rows)
+        self.phases = [p if isinstance(p, Phase) else Phase(**p) for p in (phases or [])]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "rows": self.rows, "phases": [p.to_dict() for p in self.phases]}
+
+
+class Split:
+    """One phase's assignment of a sequence ``R`` of the epoch's rows to ``n`` ranks (see the module doc).
+
+    Full rounds of ``n x C`` rows: rank r takes piece ``slot_j(r)`` of round j (slots shuffled per round when
+    ``shuffle``). The rest (fewer than ``n x C`` rows, known once the dataset's end is): rank r takes the r-th
+    contiguous chunk of ``q`` rows (q: whole batches, the same for all ranks), then the last rows (fewer than
+    ``n x bs``) are split evenly, one short batch each, or dropped by every rank when fewer than ``n``. Rows
+    inside a piece are read in windows of ``window`` rows, each permuted when ``shuffle``."""
+
+    def __init__(self, R: Seq, phase: Phase, *, key: tuple, shuffle: bool, window: int, source: Any):
+        self.R, self.phase, self.key, self.shuffle, self.window, self.source = R, phase, key, shuffle, window, source
+
+    def _has(self, rows: int) -> bool:
+        """Whether R holds at least ``rows`` rows (waiting for the dataset's stream as far as needed)."""
+        start = self.R.open_start()
+        if start is None:
+            return self.R.closed_len() >= rows
+        need = start + rows - self.R.closed_len()
+        return self.source.rows_at_least(need) >= need
+
+    def _slots(self, j: int) -> np.ndarray:
+        n = self.phase.n
+        return np.random.default_rng([*self.key, j]).permutation(n) if self.shuffle else np.arange(n)
+
+    def pieces(self, rank: int) -> Iterator[tuple[Seq, tuple]]:
+        """Rank ``rank``'s pieces (rows, shuffle key) in the order it reads them."""
+        n, C, bs = self.phase.n, self.phase.C, self.phase.bs
+        j = 0
+        while self._has((j + 1) * n * C):
+            slot = int(self._slots(j)[rank])
+            yield self.R.slice((j * n + slot) * C, (j * n + slot + 1) * C), (*self.key, j, slot)
+            j += 1
+        total = self.R.length(self.source.total())
+        base = j * n * C
+        m = total - base
+        q = (m // (n * bs)) * bs
+        if q:
+            yield self.R.slice(base + rank * q, base + (rank + 1) * q), (*self.key, "tail", rank)
+        rem, base2 = m - n * q, base + n * q
+        if rem >= n:
+            bounds = np.linspace(0, rem, n + 1).astype(int)  # array_split's boundaries
+            yield self.R.slice(base2 + int(bounds[rank]), base2 + int(bounds[rank + 1])), (*self.key, "rem", rank)
+
+    def order(self, piece: Seq, key: tuple, length: int) -> Iterator[tuple[int, Any]]:
+        """A piece's windows in reading order: (first row of the window, window rows as Seq or (Seq, perm))."""
+        for k, lo in enumerate(range(0, length, self.window)):
+            rows = piece.slice(lo, min(lo + self.window, length))
+            if self.shuffle:
+                perm = np.random.default_rng([*_ints(key), k]).permutation(min(self.window, length - lo))
+                yield lo, (rows, perm)
+            else:
+                yield lo, (rows, None)
+
+    def rest(self) -> Seq:
+        """The rows of R no rank has consumed after ``phase.u`` rows each: the next phase's R."""
+        n, C, u = self.phase.n, self.phase.C, self.phase.u
+        if u == 0:
+            return self.R
+        j, o = divmod(u, C)
+        if o == 0 and self._has(j * n * C):
+            return self.R.slice(j * n * C, None)
+        if self._has((j + 1) * n * C):
+            parts = []
+            for r in range(n):
+                slot = int(self._slots(j)[r])
+                piece = self.R.slice((j * n + slot) * C, (j * n + slot + 1) * C)
+                parts += self._unread(piece, (*self.key, j, slot), C, o)
+            return Seq(parts + self.R.slice((j + 1) * n * C, None).segments)
+        # the tail: u is inside each rank's chunk of q rows (the short last batch ends the epoch)
+        total = self.R.length(self.source.total())
+        base = j * n * C
+        q = ((total - base) // (n * self.phase.bs)) * self.phase.bs
+        parts = []
+        for r in range(n):
+            parts += self._unread(self.R.slice(base + r * q, base + (r + 1) * q), (*self.key, "tail", r), q, o)
+        return Seq(parts + self.R.slice(base + n * q, None).segments)
+
+    def _unread(self, piece: Seq, key: tuple, length: int, o: int) -> list:
+        """The segments of a piece after its first ``o`` rows in reading order."""
+        out = []
+        for lo, (rows, perm) in self.order(piece, key, length):
+            size = min(self.window, length - lo)
+            if o >= lo + size:
+                continue
+            skip = max(o - lo, 0)
+            if perm is None:
+                out += rows.slice(skip, None).segments
+            else:
+                out.append(rows.indices(perm[skip:]))
+        return out
+
+
+def _ints(key: tuple) -> list[int]:
+    """A shuffle key as the integers numpy's generator seeds from ("tail"/"rem" become numbers)."""
+    return [{"tail": 1 << 30, "rem": 1 << 31}.get(k, k) if isinstance(k, str) else int(k) for k in key]
 
 
 class ShardBatches:
-    """An iterable over this rank's batches, epoch after epoch from ``position``; see the module doc."""
+    """An iterable over this rank's batches from ``position``: each ``for`` over it is ``epochs`` epochs (default
+    one: the rest of the current epoch), the next ``for`` continues; ``epochs=None``: one endless stream."""
 
     def __init__(self, source: Any, *, rank: int, size: int, batch_size: int, position: Position,
-                 epochs: int | None = None, shuffle: bool = False, seed: int = 0, shuffle_window: int = 10_000,
+                 epochs: int | None = 1, shuffle: bool = False, seed: int = 0, shuffle_window: int = 10_000,
                  prefetch: int = 2, device: Any = None, map_batches: Callable | None = None,
                  columns: list[str] | None = None):
         if batch_size < 1:
@@ -140,37 +297,76 @@ class ShardBatches:
         self.batches = 0
 
     # -- producing (possibly in the prefetch thread) --------------------------------------------------
-    def _epoch_rounds(self, epoch: int, start: int) -> Iterator[tuple[dict | None, int]]:
-        """(this rank's part, rows of the epoch consumed after it) for each round from row ``start``."""
-        rnd = self.size * self.batch_size
-        stream = self.source.iter_batches(
-            batch_size=rnd, batch_format="numpy", prefetch_batches=self.prefetch, drop_last=False
-        )
-        if self.columns:
-            stream = (self._select(b) for b in stream)
-        ordered = epoch_order(stream, shuffle=self.shuffle, seed=self.seed, epoch=epoch, window=self.window)
-        consumed = start
-        for round_ in rechunk(skip_rows(ordered, start), rnd):
-            consumed += _rows(round_)
-            yield my_part(round_, rank=self.rank, size=self.size, batch_size=self.batch_size), consumed
+    def _phases(self, phases: list[Phase]) -> list[Phase]:
+        """The epoch's phases with this run's ranks as the current one (a new phase after a resize)."""
+        phases = [Phase(**p.to_dict()) for p in phases]
+        if phases and (phases[-1].n, phases[-1].bs) == (self.size, self.batch_size):
+            return phases
+        if phases and phases[-1].u == 0:
+            phases.pop()
+        C = piece_rows(self.source.first_block_rows(), self.batch_size)
+        return phases + [Phase(self.size, self.batch_size, C)]
 
-    def _select(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [c for c in self.columns if c not in batch]
-        if missing:
-            raise KeyError(
-                f"ctx.dataset: column(s) {', '.join(missing)} not in the dataset (it has {', '.join(batch)})"
-            )
-        return {c: batch[c] for c in self.columns}
+    def _split(self, epoch: int, phases: list[Phase]) -> Split:
+        """The current (last) phase's split: the epoch's rows less what the earlier phases consumed."""
+        R = Seq([(0, None)])
+        for i, phase in enumerate(phases):
+            split = Split(R, phase, key=(self.seed, epoch, i), shuffle=self.shuffle, window=self.window,
+                          source=self.source)
+            if i == len(phases) - 1:
+                return split
+            R = split.rest()
+        raise AssertionError("no phase")
 
-    def _produce(self) -> Iterator[tuple[Any, int, int]]:
-        """(torch batch, epoch, rows consumed) for every batch this rank gets from the position on."""
-        epoch, start = self.position.epoch, self.position.rows
-        while self.epochs is None or epoch < self.epochs:
-            for part, consumed in self._epoch_rounds(epoch, start):
-                if part is not None:
-                    yield self._to_torch(part), epoch, consumed
-            epoch, start = epoch + 1, 0
-            yield None, epoch, 0  # the epoch ended: the position moves on even if the last round was dropped
+    def _epoch_batches(self, epoch: int, phases: list[Phase]) -> Iterator[tuple[dict, list[Phase]]]:
+        """(this rank's batch, the phases after it) for the rest of the epoch."""
+        phases = self._phases(phases)
+        split, current = self._split(epoch, phases), phases[-1]
+        skip = current.u
+        stream = self._rows(split, skip)
+        for batch in rechunk(stream, self.batch_size):
+            current.u += _rows(batch)
+            yield batch, [Phase(**p.to_dict()) for p in phases]
+
+    def _rows(self, split: Split, skip: int) -> Iterator[dict[str, np.ndarray]]:
+        """This rank's rows of the phase after the first ``skip``, window by window, pieces' ends kept (a batch
+        never spans two pieces: pieces are whole batches, but for the short last one)."""
+        for piece, key in split.pieces(self.rank):
+            length = piece.length(None)
+            if skip >= length:
+                skip -= length
+                continue
+            windows = list(split.order(piece, key, length))
+            for i, (lo, (rows, perm)) in enumerate(windows):
+                size = min(self.window, length - lo)
+                if skip >= lo + size:
+                    continue
+                if i + 1 < len(windows):
+                    self.source.warm(windows[i + 1][1][0], self.prefetch)
+                data = self.source.take(rows, self.columns)
+                if perm is not None:
+                    data = {k: v[perm] for k, v in data.items()}
+                off = max(skip - lo, 0)
+                yield _take(data, off, size) if off else data
+            skip = 0
+
+    def _produce(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int, list]]:
+        """(torch batch, epoch, global rows consumed, phases) for every batch this rank gets from the position
+        on, up to the start of ``stop_epoch`` (None: no end)."""
+        epoch, phases = self.position.epoch, self.position.phases
+        if not phases and self.position.rows:  # a position saved before phases existed: one phase, these ranks
+            phases = [Phase(self.size, self.batch_size, piece_rows(self.source.first_block_rows(), self.batch_size),
+                            self.position.rows // self.size)]
+        while stop_epoch is None or epoch < stop_epoch:
+            got = False
+            for part, now in self._epoch_batches(epoch, phases):
+                got = True
+                rows = sum(p.n * p.u for p in now)
+                yield self._to_torch(part), epoch, rows, now
+            if not got and phases and stop_epoch is not None:
+                stop_epoch += 1  # restored at an epoch's very end: that epoch does not count as this loop's pass
+            epoch, phases = epoch + 1, []
+            yield None, epoch, 0, []  # the epoch ended: the position moves on even if the last round was dropped
 
     def _to_torch(self, part: dict[str, np.ndarray]) -> dict[str, Any]:
         import torch
@@ -196,27 +392,30 @@ class ShardBatches:
 
     # -- consuming -----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        items = self._prefetched() if self.prefetch > 0 else self._produce()
+        """One pass: from the position to the end of ``epochs`` epochs (the rest of the epoch the position is
+        in, then ``epochs - 1`` more); ``epochs=None``: no end. The next ``for`` goes on from there."""
+        stop_epoch = None if self.epochs is None else self.position.epoch + self.epochs
+        items = self._prefetched(stop_epoch) if self.prefetch > 0 else self._produce(stop_epoch)
         while True:
             started = time.perf_counter()
             item = next(items, _END)
             self.wait_s += time.perf_counter() - started
             if item is _END:
                 return
-            batch, epoch, consumed = item
-            self.position.epoch, self.position.rows = epoch, consumed
+            batch, epoch, consumed, phases = item
+            self.position.epoch, self.position.rows, self.position.phases = epoch, consumed, phases
             if batch is not None:
                 self.batches += 1
                 yield batch
 
-    def _prefetched(self) -> Iterator[tuple[Any, int, int]]:
+    def _prefetched(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int, list]]:
         """``_produce`` run ``prefetch`` items ahead in a daemon thread; its errors are raised here."""
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
         def run() -> None:
             try:
-                for item in self._produce():
+                for item in self._produce(stop_epoch):
                     while not stop.is_set():
                         try:
                             q.put(item, timeout=0.5)

@@ -14,14 +14,16 @@ Why this design (Ray 2.60; each alternative was read in ray/data and rejected fo
   transforms once, but training waits for the whole dataset (the ``data_ready`` phase grew with it).
 
 raytrain executes the plan ONCE per job, with ``preserve_order=True``, in a Feeder actor that keeps the
-output blocks' refs in order; workers read blocks by index as soon as they exist, later epochs and
-restarted attempts read the same cached blocks. The driver only waits for one global micro-batch of rows.
-So: streaming, preprocessing once, one global order (raytrain.runtime.data cuts the disjoint, exactly-once,
-resumable shards from it). The cache costs what ``materialize()`` cost: the dataset in the object store
+output blocks' refs in order; each worker fetches only the blocks of its share as soon as they exist, later
+epochs and restarted attempts read the same cached blocks. The driver only waits for one global micro-batch
+of rows. So: streaming, preprocessing once, one block order (raytrain.runtime.data deals the disjoint,
+exactly-once, resumable shards from it; blocks of about 1/64 of the dataset, ``block_bytes``, so there are
+enough to deal). The cache costs what ``materialize()`` cost: the dataset in the object store
 (spilled to disk when it does not fit).
 
 CPUs: Ray Data's read and map tasks ask for 1 CPU by default. When the training workers leave less than
-one CPU free (2 workers x 1 CPU on a 2-CPU cluster), such a task could only run before the workers take the
+one CPU free (2 workers x 1 CPU on a 2-CPU cluster, or another job holds the rest: what counts is what is free,
+``spare_cpus``), such a task could only run before the workers take the
 CPUs: the read then asks for 0 CPUs, ``preprocess`` gets ``ctx.task_args == {"num_cpus": 0}`` to pass to its
 transforms, and a dataset whose plan still asks for a CPU is produced whole before the workers start
 (``cpus_per_task``), as before, instead of hanging.
@@ -66,11 +68,31 @@ def quiet_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
+MAX_BLOCK_BYTES, MIN_BLOCK_BYTES, BLOCKS_WANTED = 32 << 20, 1 << 20, 64
+
+
+def block_bytes(spec: dict[str, str]) -> int:
+    """The largest block the read and the transforms make of a dataset (Ray Data's target_max_block_size): about
+    1/BLOCKS_WANTED of a local dataset, between 1 and 32 MiB. A rank fetches whole blocks, so a dataset in a
+    few big blocks (Ray Data's default: up to 128 MiB; its read puts many small files in one) could not be
+    shared out, and a worker holds two blocks at a time. 32 MiB where the size is unknown (a URI)."""
+    from raytrain.config.data import _files, _of_format, is_uri
+
+    if is_uri(spec["path"]):
+        return MAX_BLOCK_BYTES
+    size = sum(f.stat().st_size for f in _of_format(_files(spec["path"]), spec["format"]))
+    return int(min(max(size // BLOCKS_WANTED, MIN_BLOCK_BYTES), MAX_BLOCK_BYTES))
+
+
 def read(spec: dict[str, str], task_args: dict[str, Any] | None = None) -> Any:
     """One ``--data`` entry as a Ray Dataset (lazy); ``task_args``: the read tasks' Ray remote args."""
     import ray.data
 
-    path, fmt, remote = spec["path"], spec["format"], {"ray_remote_args": dict(task_args or {})}
+    from ray.data import DataContext
+
+    path, fmt, remote = spec["path"], spec["format"], dict(task_args or {})  # num_cpus=...: named parameters
+    # a Dataset keeps the context it was made with: this block size holds for its read and its preprocess
+    DataContext.get_current().target_max_block_size = block_bytes(spec)
     if fmt == "json":
         return ray.data.read_json(path, file_extensions=None if "*" in path else ["json", "jsonl"], **remote)
     if fmt == "parquet":
@@ -129,6 +151,12 @@ def check_rows(where: str, rows: int, done: bool, error: str | None, dp: int, mi
         return (f"{where}: {rows} row(s) is fewer than one micro-batch on every data-parallel rank "
                 f"({dp} x {micro}); give more data or a smaller --micro-batch")
     return None
+
+
+def spare_cpus(available: float, total: float, workers: float) -> float:
+    """CPUs Ray Data's tasks may ask for beside the training workers: what is FREE now (another job's holdings
+    are not), less what the workers (not placed yet) will take."""
+    return min(float(available), float(total)) - float(workers)
 
 
 def cpus_per_task(ds: Any) -> float:

@@ -119,17 +119,21 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
         # Ray Data's tasks cannot import the job file's module (``raytrain_job``): ship its functions by value.
         ray.cloudpickle.register_pickle_by_value(module)
         preprocess = getattr(module, "preprocess", None)
-    # CPUs the training workers leave free: none (a small cluster) -> the read and the transforms ask for 0
-    spare = float(ray.cluster_resources().get("CPU", 0)) - float(plan.scaling.total().get("CPU", 0))
+    # CPUs free beside the training workers (not the cluster's totals: another job may hold some); none ->
+    # the read and the transforms ask for 0 and stream beside the workers
+    spare = data_source.spare_cpus(ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0),
+                                   plan.scaling.total().get("CPU", 0))
     try:
         datasets = data_source.build(plan, preprocess, {} if spare >= 1 else {"num_cpus": 0})
     except data_source.DataError as exc:
         return {}, str(exc)
-    feeders, streaming = {}, {}
+    feeders, streaming, task_cpus = {}, {}, {}
     for spec in plan.data:
         name = spec["name"]
-        streaming[name] = data_source.cpus_per_task(datasets[name]) <= max(spare, 0.0)
-        feeders[name] = data_feed.start_feeder(datasets[name], name, f"--data {name}={redact.text(spec['path'])}")
+        task_cpus[name] = data_source.cpus_per_task(datasets[name])
+        streaming[name] = task_cpus[name] <= max(spare, 0.0)
+        feeders[name] = data_feed.start_feeder(datasets[name], name, f"--data {name}={redact.text(spec['path'])}",
+                                               float(plan.data_timeout_s))
     dp, micro = int(plan.parallel["dp"]), int(plan.deepspeed["train_micro_batch_size_per_gpu"])
     for spec in plan.data:
         name = spec["name"]
@@ -145,7 +149,7 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
         if problem:
             return {}, problem
         emit(events.DATASET, name=name, rows=rows if done else None, rows_ready=rows, streaming=streaming[name],
-             preprocess=preprocess is not None)
+             preprocess=preprocess is not None, task_cpus=task_cpus[name], spare_cpus=max(spare, 0.0))
     timings.emit("data_ready")
     return feeders, None
 

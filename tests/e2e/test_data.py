@@ -5,6 +5,7 @@ Three jobs: an uninterrupted run (which also reads Parquet, CSV, text and save_t
 rank 1 dies mid-epoch (--max-failures 1), and a resume of that run's mid-epoch checkpoint on one worker.
 """
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,42 @@ def test_an_empty_dataset_fails_the_job_clearly(cli, data):
     proc = cli("submit", JOB, "--data", f"train={data / 'empty.jsonl'}", timeout=600)
     assert proc.returncode == 1
     assert f"--data train={data / 'empty.jsonl'}: the dataset is empty" in proc.stderr
+
+
+SLEEPY = ROOT / "tests" / "e2e" / "jobs" / "sleepy.py"
+
+
+def _events(cli, job_id, kind):
+    raw = cli("jobs", "logs", job_id, "-v", check=True).stdout
+    return [json.loads(line[line.index("{"):]) for line in raw.splitlines() if f'"event":"{kind}"' in line]
+
+
+def test_with_another_job_holding_cpus_ray_data_asks_for_what_is_free(cli, data, baseline, request):
+    """Issue 40: the read's tasks counted the cluster's CPUs, not the free ones: with another job holding one
+    of the 2 CPUs they asked for the CPU the training worker then took, and could wait forever."""
+    import time
+
+    holder = json.loads(cli("submit", SLEEPY, "--workers", "1", "--no-wait", "--json", "--", "600",
+                            check=True).stdout)["id"]
+    request.addfinalizer(lambda: cli("jobs", "stop", holder, timeout=120))
+    deadline = time.monotonic() + 300
+    while not _events(cli, holder, "placed"):
+        assert time.monotonic() < deadline, "the holder's worker was never placed"
+        time.sleep(1)
+    proc = cli("submit", JOB, *FLAGS, "--workers", "1", "--data", f"train={data / 'ids.jsonl'}", "--json",
+               "--", "--steps", "2", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (ready,) = _events(cli, json.loads(proc.stdout)["id"], "dataset")
+    assert ready["spare_cpus"] == 0 and ready["task_cpus"] == 0 and ready["streaming"], ready
+
+
+def test_a_feed_that_makes_no_progress_gives_up_naming_the_pending_tasks(cli, data, baseline):
+    proc = cli("submit", JOB, *FLAGS, "--workers", "2", "--data", f"train={data / 'ids.jsonl'}",
+               "--data-timeout", "20", "--json", "--", "--stuck", timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"job (\S+) failed", proc.stdout + proc.stderr).group(1)
+    error = cli.json("jobs", "status", job_id)["error"]
+    assert error["type"] == "DataError", error
+    message = error["message"]
+    assert "produced no new rows for" in message and "(--data-timeout 20)" in message, message
+    assert "Ray Data tasks pending: " in message and "no_such_node 1" in message, message

@@ -87,7 +87,7 @@ def test_dry_run_shows_the_datasets_and_where_preprocessing_runs(files, raytrain
     assert "preprocess: read as Ray Data tasks on the cluster's CPUs" in out  # CNN defines no preprocess
     assert "run once per job by a feeder actor" in out
     assert "streaming: the workers start once 1 row(s) (one micro-batch per data-parallel rank) are ready" in out
-    assert "workers: each of 1 data-parallel rank(s) takes its own rows" in out and "prefetch 2 batch(es)" in out
+    assert "workers: each of 1 data-parallel rank(s) reads only its own share of the blocks" in out and "prefetch 2 batch(es)" in out
     info = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
     assert info["data"]["datasets"][1] == {"name": "eval", "path": f"{files}/hf", "format": "hf"}
     assert info["data"]["preprocess"] is False and info["data"]["prefetch"] == 2
@@ -96,6 +96,27 @@ def test_dry_run_shows_the_datasets_and_where_preprocessing_runs(files, raytrain
     assert "prefetch 0 batch(es) ahead: off" in off
     refused = CliRunner().invoke(main, ["submit", CNN, "--data", "train=/nowhere/x.jsonl"])
     assert refused.exit_code == 2 and "--data train=/nowhere/x.jsonl: no such file or folder" in refused.output
+
+
+def test_dry_run_says_how_many_rows_and_bytes_each_rank_reads_per_epoch(tmp_path, raytrain_home):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": list(range(1000)), "v": [float(i) for i in range(1000)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=100)
+    (tmp_path / "l.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(10)))
+    args = ["submit", CNN, "--dry-run", "--workers", "2", "--data", f"train={tmp_path}/t.parquet",
+            "--data", f"eval={tmp_path}/l.jsonl", "--data", "more=s3://bucket/x.parquet"]
+    out = CliRunner().invoke(main, args).output
+    footer = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    size = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+    assert "per rank: train: each of 2 rank(s) reads ~500 of 1,000 rows" in out, out
+    assert "(from Parquet footers (bytes: uncompressed); rows before the job's preprocess)" in out
+    assert "per rank: eval: each of 2 rank(s) reads ~5 of 10 rows, ~50 B of 100 B per epoch (from line counts" in out
+    assert "per rank: more: rows and bytes per rank unknown before the job reads it (a URI: read on the cluster)" in out
+    reads = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)["data"]["read_per_rank"]
+    assert reads[0]["rows"] == 1000 and reads[0]["bytes"] == size and reads[0]["bytes_per_rank"] == -(-size // 2)
+    assert reads[1]["rows_per_rank"] == 5 and reads[2]["rows"] is None
 
 
 def test_dry_run_names_the_jobs_preprocess(files, raytrain_home):

@@ -25,7 +25,7 @@ def test_blocks_are_handed_out_in_order_as_soon_as_they_exist():
         assert error is None
         if not blocks and done:
             break
-        got += [ref for ref, _, _ in blocks]
+        got += [ref for ref, _, _, _ in blocks]
         index += len(blocks)
     assert got == ["ref0", "ref1", "ref2"] and feed.rows == 30
 
@@ -35,7 +35,7 @@ def test_a_reader_restarting_at_any_block_gets_the_cached_rest():
     for i in range(4):
         feed.add(i, 2 * i, 2 * i + 2, 2)
     feed.finish()
-    assert feed.since(1, timeout=0)[0] == [(1, 2, 4), (2, 4, 6), (3, 6, 8)]
+    assert feed.since(1, timeout=0)[0] == [(1, 2, 4, 2), (2, 4, 6, 2), (3, 6, 8, 2)]
     assert feed.since(4, timeout=0) == ([], True, None)  # the end, at once
 
 

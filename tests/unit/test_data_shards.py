@@ -1,30 +1,41 @@
-"""ctx.dataset's split (raytrain.runtime.data) without Ray: a source whose iter_batches yields numpy batches
-stands in for Ray Data's DataIterator over a materialized dataset (the same rows in the same order)."""
+"""ctx.dataset's split (raytrain.runtime.data) without Ray: an in-memory BlockSource stands in for the Feeder's
+blocks in the object store (the same rows in the same blocks, in order); it counts the blocks each rank
+fetched."""
 import itertools
 
 import numpy as np
 import pytest
 
-from raytrain.runtime.data import Position, ShardBatches, my_part, rechunk, skip_rows
+from raytrain.runtime.data import Position, Seq, ShardBatches, piece_rows, rechunk
+from raytrain.runtime.data_feed import BlockSource
 
 
-class Rows:
-    """A DataIterator stand-in: ``iter_batches`` yields the rows 0..n-1 in uneven blocks."""
+class Rows(BlockSource):
+    """The rows 0..n-1 in blocks of ``block`` rows, all produced at once (or ``per_call`` blocks per ask)."""
 
-    def __init__(self, n, block=7):
-        self.n, self.block = n, block
+    def __init__(self, n, block=7, per_call=None):
+        super().__init__()
+        self.n, self.block, self.per_call = n, block, per_call
+        self.pending = [(s, min(s + block, n)) for s in range(0, n, block)]
+        self.fetched = []
 
-    def iter_batches(self, *, batch_size, batch_format, prefetch_batches, drop_last):
-        assert batch_format == "numpy" and not drop_last
-        for start in range(0, self.n, self.block):
-            ids = np.arange(start, min(start + self.block, self.n))
-            yield {"id": ids, "x": ids.astype(np.float32) * 2}
+    def _more(self):
+        take = self.pending[: self.per_call or len(self.pending)]
+        self.pending = self.pending[len(take):]
+        self._add([((a, b), 0, None, b - a) for a, b in take])
+        self.done = not self.pending
+
+    def _fetch(self, entry):
+        (a, b), _, _, _ = entry
+        self.fetched.append(a // self.block)
+        ids = np.arange(a, b)
+        return {"id": ids, "x": ids.astype(np.float32) * 2}, 16 * (b - a)
 
 
-def loaders(n, size, batch, position=None, **kw):
+def loaders(n, size, batch, position=None, block=7, **kw):
     position = position or Position()
-    positions = [Position(position.epoch, position.rows) for _ in range(size)]
-    return [ShardBatches(Rows(n), rank=r, size=size, batch_size=batch, position=positions[r], **kw)
+    positions = [Position(**position.to_dict()) for _ in range(size)]
+    return [ShardBatches(Rows(n, block), rank=r, size=size, batch_size=batch, position=positions[r], **kw)
             for r in range(size)], positions
 
 
@@ -41,37 +52,69 @@ def flat(seen):
     return sorted(i for rank in seen for batch in rank for i in batch)
 
 
-def test_rechunk_and_skip_keep_every_row_in_order():
+def test_rechunk_keeps_every_row_in_order():
     batches = [{"a": np.arange(s, s + 5)} for s in range(0, 23, 5)]
     out = list(rechunk(iter(batches), 4))
     assert [len(b["a"]) for b in out] == [4, 4, 4, 4, 4, 4, 1]
     assert np.concatenate([b["a"] for b in out]).tolist() == list(range(25))
-    assert np.concatenate([b["a"] for b in skip_rows(iter(batches), 7)]).tolist() == list(range(7, 25))
 
 
-def test_a_short_last_round_is_split_evenly_or_dropped_by_all():
-    full = {"a": np.arange(12)}
-    assert my_part(full, rank=1, size=3, batch_size=4)["a"].tolist() == [4, 5, 6, 7]
-    short = {"a": np.arange(5)}
-    assert [my_part(short, rank=r, size=3, batch_size=4)["a"].tolist() for r in range(3)] == [[0], [1, 2], [3, 4]]
-    assert all(my_part({"a": np.arange(2)}, rank=r, size=3, batch_size=4) is None for r in range(3))
+def test_seq_slices_ranges_open_ends_and_index_arrays():
+    seq = Seq([(10, 14), np.array([3, 1]), (20, None)])
+    assert seq.slice(2, 7).to_list() == [[12, 14], [3, 1], [20, 21]]
+    assert seq.slice(5, None).to_list() == [[1], [20, None]]
+    assert seq.length(None) is None and seq.length(25) == 11 and Seq([(0, 4)]).length(None) == 4
+    assert seq.slice(0, 6).indices(np.array([5, 0, 4])).tolist() == [1, 10, 3]
+    assert piece_rows(7, 4) == 56 and piece_rows(100, 3) == 801 and piece_rows(1, 8) == 8
+
+
+def test_the_last_rows_are_split_evenly_or_dropped_by_all():
+    # 29 rows, 3 ranks, batches of 4, pieces of 56 (> the dataset): chunks of 8 rows, then 5 rows split 2/2/1 ...
+    its, _ = loaders(29, 3, 4, block=7)
+    got = [[b["id"].tolist() for b in it] for it in its]
+    assert [[len(b) for b in r] for r in got] == [[4, 4, 1], [4, 4, 2], [4, 4, 2]]
+    assert flat(got) == list(range(29))
+    # ... and 26 rows: chunks of 8 rows, 2 left for 3 ranks: dropped by every rank
+    its, _ = loaders(26, 3, 4, block=7)
+    got = [[b["id"].tolist() for b in it] for it in its]
+    assert [[len(b) for b in r] for r in got] == [[4, 4]] * 3 and flat(got) == list(range(24))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_ranks_are_disjoint_and_cover_each_epoch_exactly_once(shuffle):
-    its, positions = loaders(40, 2, 4, epochs=2, shuffle=shuffle, seed=3, shuffle_window=16, prefetch=2)
+    its, positions = loaders(40, 2, 4, epochs=2, shuffle=shuffle, seed=3, shuffle_window=16, prefetch=2, block=3)
     iterators = [iter(x) for x in its]
     epoch0 = take(iterators, 5)
     assert flat(epoch0) == list(range(40))
     assert not set(sum(epoch0[0], [])) & set(sum(epoch0[1], []))
-    assert positions[0].to_dict() == {"epoch": 0, "rows": 40}
+    assert positions[0].to_dict()["epoch"] == 0 and positions[0].rows == 40
     epoch1 = take(iterators, 5)
     assert flat(epoch1) == list(range(40))
     assert (epoch0 != epoch1) == shuffle  # a new order each epoch when shuffled
     assert all(next(it, None) is None for it in iterators)  # epochs=2: done
-    assert positions[1].to_dict() == {"epoch": 2, "rows": 0}
-    again = [iter(x) for x in loaders(40, 2, 4, epochs=1, shuffle=shuffle, seed=3, shuffle_window=16)[0]]
+    assert positions[1].to_dict() == {"epoch": 2, "rows": 0, "phases": []}
+    again = [iter(x) for x in loaders(40, 2, 4, epochs=1, shuffle=shuffle, seed=3, shuffle_window=16, block=3)[0]]
     assert take(again, 5) == epoch0  # deterministic for a seed
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("block,share", [(20, 0.52), (21, 0.58)])  # pieces aligned to blocks (160 rows) or not
+def test_each_rank_fetches_only_about_its_share_of_the_blocks(shuffle, block, share):
+    # 2,000 rows in blocks of 20 (or 21); batches of 10; pieces of 8 blocks (rounded to whole batches)
+    its, _ = loaders(2000, 2, 10, shuffle=shuffle, seed=5, shuffle_window=50, block=block)
+    got = [[b["id"].tolist() for b in it] for it in its]
+    assert flat(got) == list(range(2000)) and len(got[0]) == len(got[1]) == 100
+    for it in its:
+        fetched = it.source.fetched
+        assert it.source.bytes_read <= share * 16 * 2000, (len(set(fetched)), fetched)
+        assert len(fetched) == len(set(fetched))  # no block fetched twice in an epoch (the cache holds it)
+
+
+def test_a_streaming_dataset_is_read_as_its_blocks_arrive():
+    source = Rows(100, block=10, per_call=1)  # one more block each time the rank asks
+    (it,) = [ShardBatches(source, rank=0, size=1, batch_size=5, position=Position())]
+    first = next(iter(it))
+    assert first["id"].tolist() == [0, 1, 2, 3, 4] and len(source.table) < 10  # not the whole dataset first
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
@@ -87,18 +130,38 @@ def test_values_arrive_as_tensors_with_the_rows_they_belong_to(prefetch):
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_a_resume_on_fewer_ranks_continues_the_epoch_without_skip_or_repeat(shuffle):
-    kw = dict(epochs=1, shuffle=shuffle, seed=1, shuffle_window=10)
-    its, positions = loaders(50, 3, 2, **kw)
-    first = take([iter(x) for x in its], 4)  # 4 rounds of 3 x 2 rows
+@pytest.mark.parametrize("rows,before,after,batch,steps", [(50, 3, 2, 2, 4), (300, 2, 3, 4, 13), (300, 2, 1, 4, 30),
+                                                         (300, 3, 2, 3, 7)])
+def test_a_resume_on_another_number_of_ranks_continues_the_epoch_without_skip_or_repeat(
+        shuffle, rows, before, after, batch, steps):
+    kw = dict(epochs=1, shuffle=shuffle, seed=1, shuffle_window=10, block=6)
+    its, positions = loaders(rows, before, batch, **kw)
+    first = take([iter(x) for x in its], steps)
     saved = positions[0]
-    assert saved.to_dict() == {"epoch": 0, "rows": 24} and all(p.to_dict() == saved.to_dict() for p in positions)
-    its2, _ = loaders(50, 2, 2, position=saved, **kw)
+    assert saved.rows == before * batch * steps and all(p.to_dict() == saved.to_dict() for p in positions)
+    its2, positions2 = loaders(rows, after, batch, position=saved, **kw)
     rest = [[b["id"].tolist() for b in it] for it in its2]
-    assert sorted(flat(first) + flat(rest)) == list(range(50))
-    full = [[b["id"].tolist() for b in it] for it in loaders(50, 1, 1, **kw)[0]]
-    order = [i for b in full[0] for i in b]  # the epoch's global order
-    assert set(flat(first)) == set(order[:24])  # what was consumed is exactly the order's prefix
+    assert len({len(r) for r in rest}) == 1  # the same number of steps on every rank
+    dropped = set(range(rows)) - set(flat(first) + flat(rest))
+    assert sorted(flat(first) + flat(rest)) == sorted(set(range(rows)) - dropped) and len(dropped) < after
+    assert positions2[0].epoch == 1
+    # and again, resized back mid-way through the second phase: a third phase, still exact
+    its3, pos3 = loaders(rows, after, batch, position=saved, **kw)
+    second = take([iter(x) for x in its3], 2)
+    its4, _ = loaders(rows, before, batch, position=pos3[0], **kw)
+    third = [[b["id"].tolist() for b in it] for it in its4]
+    assert len(pos3[0].phases) == 2
+    ids = flat(first) + flat(second) + flat(third)
+    assert len(ids) == len(set(ids)) and len(set(range(rows)) - set(ids)) < before
+
+
+def test_a_resume_on_the_same_ranks_gives_each_rank_the_same_batches_as_without_it():
+    kw = dict(epochs=1, shuffle=True, seed=4, shuffle_window=7, block=5)
+    whole = [[b["id"].tolist() for b in it] for it in loaders(200, 2, 4, **kw)[0]]
+    its, positions = loaders(200, 2, 4, **kw)
+    first = take([iter(x) for x in its], 9)
+    rest = [[b["id"].tolist() for b in it] for it in loaders(200, 2, 4, position=positions[0], **kw)[0]]
+    assert [f + r for f, r in zip(first, rest)] == whole
 
 
 def test_an_unknown_column_is_named():
@@ -111,7 +174,7 @@ def test_unlimited_epochs_keep_going():
     (it,), positions = loaders(6, 1, 4, epochs=None, prefetch=0)
     got = [b["id"].tolist() for b in itertools.islice(iter(it), 5)]
     assert got == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5], [0, 1, 2, 3]]
-    assert positions[0].to_dict() == {"epoch": 2, "rows": 4}
+    assert positions[0].epoch == 2 and positions[0].rows == 4
 
 
 def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_path, monkeypatch, capsys):
@@ -141,11 +204,36 @@ def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_p
     metrics = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == METRICS]
     assert metrics[-1]["data_wait_s"] >= 0 and "data wait" in describe_metrics(metrics[-1])
     saved = ctx._saved_state()
-    assert saved[DATA_KEY] == {"train": {"epoch": 0, "rows": 4}} and DATA_KEY not in ctx.state
+    phases = [{"n": 1, "bs": 4, "C": 56, "u": 4}]
+    assert saved[DATA_KEY] == {"train": {"epoch": 0, "rows": 4, "phases": phases}} and DATA_KEY not in ctx.state
 
     again = make()
     monkeypatch.setattr(again._checkpoints, "restore", lambda engine: (1, dict(saved)))
     again._restore()
-    assert again.data_position() == {"epoch": 0, "rows": 4} and again.state == {} and again.start_step == 1
+    assert again.data_position() == {"epoch": 0, "rows": 4, "phases": phases}
+    assert again.state == {} and again.start_step == 1
     assert [b["id"].tolist() for b in again.dataset("train", epochs=1)] == [[4, 5, 6, 7], [8, 9, 10, 11],
                                                                             [12, 13, 14, 15], [16, 17, 18, 19]]
+
+
+def test_a_for_loop_is_one_epoch_and_the_next_for_continues_with_the_next():
+    (it,), positions = loaders(10, 1, 4, prefetch=2)  # the default: epochs=1 per pass
+    assert [b["id"].tolist() for b in it] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert (positions[0].epoch, positions[0].rows) == (1, 0)
+    assert [b["id"].tolist() for b in it] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # epoch 1
+    assert (positions[0].epoch, positions[0].rows) == (2, 0)
+    (two,), _ = loaders(6, 1, 4, epochs=2, prefetch=0)
+    assert [b["id"].tolist() for b in two] == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5]]
+
+
+def test_a_pass_restored_mid_epoch_ends_at_that_epochs_end_and_one_restored_at_its_end_runs_the_next():
+    (mid,), positions = loaders(10, 1, 4, position=Position(3, 4), prefetch=1)  # as saved before phases existed
+    assert [b["id"].tolist() for b in mid] == [[4, 5, 6, 7], [8, 9]]
+    assert (positions[0].epoch, positions[0].rows) == (4, 0)
+    (end,), positions = loaders(10, 1, 4, position=Position(3, 10), prefetch=0)
+    assert [b["id"].tolist() for b in end] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # epoch 4, not an empty pass
+    assert (positions[0].epoch, positions[0].rows) == (5, 0)
+    done = Position(3, 10, [{"n": 1, "bs": 4, "C": 56, "u": 10}])  # as saved after the epoch's last batch
+    (end,), positions = loaders(10, 1, 4, position=done, prefetch=0)
+    assert [b["id"].tolist() for b in end] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert (positions[0].epoch, positions[0].rows) == (5, 0)

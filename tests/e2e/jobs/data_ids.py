@@ -5,6 +5,7 @@ test can check that the ranks saw each id exactly once per epoch, before and aft
 The end writes ``@@params {"sha": ...}``, a hash of the final parameters' bytes (bit-for-bit comparisons).
 ``--formats a,b,...``: first read one batch of each named dataset and write ``@@format`` with its columns.
 ``--fail-once-at-step N``: rank 1 dies after step N unless the run was restored.
+``--stuck``: the preprocess asks for a resource no node has (its Ray Data tasks never run).
 """
 import argparse
 import hashlib
@@ -29,11 +30,20 @@ def check_formats(ctx, names):
             out("format", name=name, columns=sorted(batch), rows=len(next(iter(batch.values()))), first=first)
 
 
+def preprocess(dataset, ctx):
+    """``--stuck``: a transform that asks for a resource no node has, so its tasks stay pending (the
+    --data-timeout test); otherwise the rows as they are."""
+    if "--stuck" in ctx.args:
+        return dataset.map_batches(lambda b: b, batch_format="numpy", num_cpus=0, resources={"no_such_node": 1})
+    return dataset
+
+
 def train(ctx):
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--fail-once-at-step", type=int, default=0)
     p.add_argument("--formats", default="")
+    p.add_argument("--stuck", action="store_true")
     args = p.parse_args(ctx.args)
     if args.formats:
         check_formats(ctx, args.formats.split(","))
@@ -41,20 +51,25 @@ def train(ctx):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     engine = ctx.deepspeed(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    batches = iter(ctx.dataset("train", shuffle=True, seed=7))
     resumed = ctx.resumed_from is not None
-    for step in range(ctx.start_step + 1, args.steps + 1):
-        ids = []
-        for _ in range(ctx.grad_accum):
-            batch = next(batches)
+    step, micro, ids = ctx.start_step, 0, []
+    while step < args.steps:
+        for batch in ctx.dataset("train", shuffle=True, seed=7):  # one epoch (the rest of it, when restored)
             ids += batch["id"].tolist()
             loss = F.mse_loss(engine(batch["x"].float()).squeeze(-1), batch["y"].float())
             engine.backward(loss)
             engine.step()
-        out("ids", rank=ctx.rank, step=step, resumed=resumed, ids=ids, epoch=ctx.data_position()["epoch"])
-        ctx.report({"loss": loss.item(), "step": step})
-        if args.fail_once_at_step == step and not resumed and ctx.rank == min(1, ctx.world_size - 1):
-            os._exit(1)  # a real process death
+            micro += 1
+            if micro % ctx.grad_accum:
+                continue
+            step += 1
+            out("ids", rank=ctx.rank, step=step, resumed=resumed, ids=ids, epoch=ctx.data_position()["epoch"])
+            ids = []
+            ctx.report({"loss": loss.item(), "step": step})
+            if args.fail_once_at_step == step and not resumed and ctx.rank == min(1, ctx.world_size - 1):
+                os._exit(1)  # a real process death
+            if step == args.steps:
+                break
     digest = hashlib.sha1()
     for param in engine.module.parameters():
         digest.update(param.detach().float().cpu().numpy().tobytes())
