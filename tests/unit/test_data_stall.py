@@ -62,7 +62,7 @@ def test_data_timeout_is_an_option_with_a_default_and_checked(tmp_path):
     base = dict(job=str(JOBS / "cnn.py"), data={"train": str(tmp_path / "d.jsonl")})
     assert resolve(Options(**base)).data_timeout_s == 600.0
     assert resolve(Options(**base, data_timeout=30)).data_timeout_s == 30.0
-    with pytest.raises(ConfigError, match="--data-timeout -1: must be a number >= 0"):
+    with pytest.raises(ConfigError, match="--data-timeout -1: must be a finite number >= 0"):
         resolve(Options(**base, data_timeout=-1))
 
 
