@@ -214,3 +214,48 @@ def test_a_sampler_failing_from_the_first_sample_does_not_stop_the_start():
     monitor = MemoryMonitor(interval=0.01, gpu=False, rss=broken).start()
     peak = monitor.stop()
     assert peak["error"] == "RuntimeError: no /proc" and peak["rss_peak"] is None
+
+
+class ContainerGPU(FakeGPU):
+    """NVML inside a container: the GPU's processes are listed by their host PIDs, none of them ours."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=4_000_001, usedGpuMemory=900), SimpleNamespace(pid=4_000_002, usedGpuMemory=55)]
+
+
+def test_in_a_pid_namespace_the_process_memory_falls_back_to_torch_reserved(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monitor = MemoryMonitor(interval=60, nvml=ContainerGPU(), rss=lambda: 1, reserved=lambda: 640)
+    monitor.start()
+    peak = monitor.stop()
+    assert monitor.latest().gpu_process_memory == 640  # not another process's 900, not None
+    assert peak["gpu_process_memory_peak"] == 640 and peak["gpu_process_memory_source"] == "torch_reserved"
+    # Neither NVML nor torch can tell: None, and no source.
+    blind = MemoryMonitor(interval=60, nvml=ContainerGPU(), rss=lambda: 1, reserved=lambda: None)
+    blind.start()
+    assert blind.stop()["gpu_process_memory_source"] is None and blind.latest().gpu_process_memory is None
+
+
+def test_the_pid_match_uses_every_pid_nspid_lists():
+    from raytrain.runtime.monitor import own_gpu_memory, own_pids
+
+    pids = own_pids()
+    assert os.getpid() in pids
+    with open("/proc/self/status") as f:
+        nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+    assert {int(p) for p in nspid} <= pids
+    procs = [SimpleNamespace(pid=4_000_001, usedGpuMemory=900), SimpleNamespace(pid=77, usedGpuMemory=300)]
+    assert own_gpu_memory(procs, {12, 77}, lambda: 5) == (300, "nvml")  # the outer namespace's PID 77
+    assert own_gpu_memory(procs, {12}, lambda: 5) == (5, "torch_reserved")
+
+
+def test_torch_reserved_never_initialises_cuda():
+    """The fallback reads torch only where the process already initialised CUDA (no context of its own)."""
+    from raytrain.runtime.monitor import torch_reserved
+
+    code = "import torch; from raytrain.runtime.monitor import torch_reserved; " \
+           "print(torch_reserved(), torch.cuda.is_initialized())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout.split()
+    assert out == ["None", "False"]
+    assert torch_reserved() is None or isinstance(torch_reserved(), int)
