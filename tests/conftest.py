@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,51 @@ def _environment_restored():
         os.environ.clear()
         os.environ.update(saved)
         os.environ.update(kept)
+
+
+# -- skips ---------------------------------------------------------------------------------------------
+# A skip may only stand for something the test extra cannot install: a Kubernetes API server, root (network
+# namespaces), a GPU, a machine shape. Such skips carry a "[needs ...]" reason (needs()) and are listed
+# after every run. Any other skip (a missing ray, transformers, wandb: a broken install) is a failure under
+# CI=true, so a broken environment cannot turn the suite green.
+NEEDS = "[needs "
+
+
+def needs(what: str, reason: str) -> str:
+    """A skip reason for a test that cannot run on this machine: ``pytest.skip(needs("root", "..."))``."""
+    return f"{NEEDS}{what}] {reason}"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and _in_ci():
+        reason = _skip_reason(report)
+        if not reason.startswith(NEEDS):
+            report.outcome = "failed"
+            report.longrepr = (f"CI=true: {item.nodeid} was skipped ({reason}); under CI a skip of anything "
+                               f"the test extra installs is a failure (only '{NEEDS}...]' skips are allowed)")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say which suites did not run and why, even without -rs: a skipped suite is never silent."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = _skip_reason(report)
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.write_sep("-", "not run on this machine")
+        for reason, count in sorted(reasons.items()):
+            terminalreporter.write_line(f"{count:4d} skipped: {reason}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, needs
 
 ENV = "RAYTRAIN_TEST_KUBECONFIG"
 CRDS = ROOT.parent / "shared" / "k8s-apiserver" / "kuberay-crds.yaml"
@@ -25,8 +25,8 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get(ENV):
         return
     skip = pytest.mark.skip(
-        reason=f"${ENV} is not set: point it at a kubeconfig (../shared/k8s-apiserver/start.sh RUN_DIR "
-        "prints one; .ci/run starts that server and sets it)"
+        reason=needs("a Kubernetes API server", f"${ENV} is not set: point it at a kubeconfig (../shared/k8s-apiserver/start.sh RUN_DIR "
+        "prints one; .ci/run starts that server and sets it)")
     )
     here = Path(__file__).parent
     for item in items:

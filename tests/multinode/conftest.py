@@ -34,6 +34,7 @@ from typing import Callable
 
 import pytest
 
+from tests.conftest import needs
 from tests.e2e.conftest import CLI
 
 NETNS = os.environ.get("RAYTRAIN_TEST_MN_NETNS", "rt-node2")
@@ -180,14 +181,14 @@ class TwoNodes:
 
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
-        return "two-node tests need root (ip netns, veth, mount)"
+        return needs("root", "two-node tests need root (ip netns, veth, mount); run them as root")
     for tool in ("ip", "unshare", "mount"):
         if shutil.which(tool) is None:
-            return f"two-node tests need `{tool}`"
+            return needs(tool, f"two-node tests need `{tool}`")
     probe = "rt-mn-probe"
     proc = _sh("ip", "netns", "add", probe, check=False)
     if proc.returncode != 0:
-        return f"`ip netns add` failed: {proc.stderr.strip()}"
+        return needs("network namespaces", f"`ip netns add` failed: {proc.stderr.strip()}")
     _sh("ip", "netns", "del", probe, check=False)
     return None
 

@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 from raytrain.runtime.monitor import MemoryMonitor, process_rss, resolve_handle
-from tests.conftest import ROOT
+from tests.conftest import ROOT, needs
 
 MB = 2**20
 
@@ -79,7 +79,7 @@ def test_no_nvml_here_falls_back_to_rss(monkeypatch):
     try:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
-        pytest.skip("this machine has an NVIDIA driver")
+        pytest.skip(needs("no NVIDIA driver", "this machine has an NVIDIA driver"))
     except pynvml.NVMLError:
         pass
     monitor = MemoryMonitor(interval=10)  # gpu=None: tries NVML for real, finds no library

@@ -8,6 +8,7 @@ import pytest
 
 from raytrain import nvml
 from raytrain.nvml import bandwidth_gb_s, gpu_count, gpu_inventory
+from tests.conftest import needs
 
 
 def _has_nvml() -> bool:
@@ -22,7 +23,7 @@ def _has_nvml() -> bool:
 def test_no_gpu_for_real():
     """Here nvmlInit raises NVMLError_LibraryNotFound: the inventory is empty, not an error."""
     if _has_nvml():
-        pytest.skip("this machine has an NVIDIA driver")
+        pytest.skip(needs("no NVIDIA driver", "this machine has an NVIDIA driver"))
     with pytest.raises(pynvml.NVMLError_LibraryNotFound):
         pynvml.nvmlInit()
     assert gpu_inventory() == []
