@@ -1,4 +1,7 @@
+import json
 import os
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("-", "not run on this machine")
         for reason, count in sorted(reasons.items()):
             terminalreporter.write_line(f"{count:4d} skipped: {reason}")
+
+
+# -- the suite's clusters --------------------------------------------------------------------------------
+def free_port(avoid: set[int] = frozenset()) -> int:
+    """A TCP port free on this machine now (the kernel's pick), for a cluster this run starts: never a fixed
+    port, which another checkout's cluster may hold."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def record_cluster(home: Path, temp_dir: Path, port, dashboard_port, what: str, **extra: str) -> None:
+    """Append the RAYTRAIN_HOME of a cluster this run starts to $RAYTRAIN_TEST_RECORDS (if set), one JSON
+    line: .ci/run stops each with `raytrain cluster down --force` under that RAYTRAIN_HOME (the head's own
+    record there names its process), so nothing is stopped by a name or port pattern."""
+    path = os.environ.get("RAYTRAIN_TEST_RECORDS")
+    if not path:
+        return
+    line = {"what": what, "home": str(home), "temp_dir": str(temp_dir), "port": int(port),
+            "dashboard_port": int(dashboard_port), "pytest_pid": os.getpid(), "at": time.time(), **extra}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
