@@ -37,7 +37,9 @@ EXPECTED = {
     "zero2": {"zero_stage": 2},
     "zero3": {"zero_stage": 3},
     "offload-optimizer": {"zero_stage": 2, "offload_optimizer": "cpu"},
-    "tp2": {"tp": 2, "dp": 1, "micro_batch": 4},
+    # DeepSpeed's own train_batch_size counts the tensor-parallel ranks (4 x 2 x world 2 = 16) although dp
+    # is 1: each step still sees micro x accum x dp = 8 samples (the losses say so)
+    "tp2": {"tp": 2, "dp": 1, "micro_batch": 4, "train_batch": 16},
     "pp2": {"pp": 2, "dp": 1, "micro_batch": 4},
     "pp2-zero0": {"pp": 2, "dp": 1, "micro_batch": 4, "zero_stage": 0},
     "activation-checkpointing": {},

@@ -8,7 +8,7 @@ rank takes its micro-batches' share of it. With ``--pp`` the same layers go thro
 Every step reports the global mean loss; the end reports ``probe_loss``, the loss of the final parameters on
 a fixed probe batch (the final parameters, compared through what they compute, whatever their sharding), and
 ``block_forwards_per_micro``: how many times each of this rank's blocks ran forward per training micro-batch
-(counted by forward hooks on the engine's own modules): 1, or 2 where activation checkpointing recomputes it.
+(counted by forward pre-hooks on the engine's own modules): 1, or 2 where activation checkpointing recomputes it.
 """
 import argparse
 
@@ -113,7 +113,9 @@ def train(ctx):
     forwards = [0]
     blocks = [m for m in engine.module.modules() if isinstance(m, Block)]
     for block in blocks:
-        block.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        # a pre-hook: torch's non-reentrant recompute stops once it has what backward needs, before the
+        # forward hooks would run
+        block.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     for step in range(args.steps):
         metrics = {"loss": train_step(step)}
         if step + 1 == args.steps:
