@@ -91,6 +91,16 @@ def torch_reserved(device: int = 0) -> int | None:
     return int(cuda.memory_reserved(device))
 
 
+def torch_max_allocated(device: int = 0) -> int | None:
+    """``torch.cuda.max_memory_allocated(device)`` under the same rule as :func:`torch_reserved`: the
+    figure the planner's ``gpu_allocated`` estimates."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return None
+    return int(cuda.max_memory_allocated(device))
+
+
 def own_gpu_memory(procs: list, pids: set[int], reserved: Callable[[], int | None]) -> tuple[int | None, str | None]:
     """(bytes, source): the usedGpuMemory NVML lists for one of ``pids``, else ``reserved()``."""
     for p in procs:

@@ -144,6 +144,9 @@ class Reporter:
             return
         self._last_memory_event = now
         peak = self.monitor.peak()
+        from raytrain.runtime.monitor import torch_max_allocated
+
+        allocated = torch_max_allocated() if self.on_gpu else None
         events.emit(
             events.MEMORY,
             rank=self.rank,
@@ -153,6 +156,7 @@ class Reporter:
             **({"gpu_process_memory_peak": peak["gpu_process_memory_peak"],
                 "gpu_process_memory_source": peak["gpu_process_memory_source"]}
                if peak.get("gpu_process_memory_peak") is not None else {}),
+            **({"torch_max_allocated": allocated} if allocated is not None else {}),
             final=final,
             **({"sampler_error": peak["error"], "sampler_errors": peak["errors"]} if peak.get("error") else {}),
         )

@@ -259,3 +259,24 @@ def test_torch_reserved_never_initialises_cuda():
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout.split()
     assert out == ["None", "False"]
     assert torch_reserved() is None or isinstance(torch_reserved(), int)
+
+
+def test_a_gpu_workers_memory_event_carries_its_own_and_the_allocators_peaks(monkeypatch, capsys):
+    """The final memory event of a GPU worker: NVML's device peak, this process's peak (and how it was found),
+    and torch.cuda.max_memory_allocated (what the planner's gpu_allocated estimates; the GPU suite compares
+    them). torch's CUDA is faked here: only where the process initialised it is it read."""
+    from raytrain.events import MEMORY, parse_line
+    from raytrain.runtime.reporter import Reporter
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cuda = SimpleNamespace(is_initialized=lambda: True, max_memory_allocated=lambda device=0: 4_321,
+                           memory_reserved=lambda device=0: 8_000)
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    rep = Reporter(rank=0, train_batch=8)
+    rep.on_gpu = True
+    rep.monitor = MemoryMonitor(interval=60, nvml=ContainerGPU(), rss=lambda: 1).start()
+    rep.finish()
+    (event,) = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == MEMORY]
+    assert event["source"] == "gpu" and event["gpu_memory_peak"] > 0 and event["final"]
+    assert event["gpu_process_memory_peak"] == 8_000 and event["gpu_process_memory_source"] == "torch_reserved"
+    assert event["torch_max_allocated"] == 4_321
