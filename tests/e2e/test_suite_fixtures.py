@@ -52,3 +52,39 @@ def test_an_unfinished_job_is_stopped_after_its_test(cli, request):
     assert job in stop_unfinished_jobs(cli)
     assert cli.json("jobs", "status", job)["state"] == "stopped"
     assert unfinished_jobs(cli.env) == []
+
+
+def test_ci_stops_a_recorded_cluster_by_its_record(tmp_path):
+    """`.ci/run --stop-recorded FILE` stops a cluster the suite recorded (its own RAYTRAIN_HOME's record names
+    the head process), the way CI cleans up after a killed run, without any process-name pattern."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from raytrain.clusters import ray_process
+    from tests.conftest import ROOT, record_cluster
+    from tests.e2e.conftest import CLI
+
+    home = Path(tempfile.mkdtemp(prefix="raytrain-ci-stop-"))
+    temp = Path(tempfile.mkdtemp(prefix="rt-ci-", dir="/tmp"))
+    port, dport = free_port(), free_port()
+    env = {**os.environ, "RAYTRAIN_HOME": str(home), "RAYTRAIN_RAY_TEMP_DIR": str(temp),
+           "RAYTRAIN_PORT": str(port), "RAYTRAIN_DASHBOARD_PORT": str(dport), "RAYTRAIN_TEST_RECORDS": str(tmp_path / "r.jsonl")}
+    cli = CLI(env)
+    try:
+        cli("cluster", "up", "--num-cpus", "1", check=True, timeout=180)
+        pid = json.loads((home / "cluster.json").read_text())["pid"]
+        os.environ["RAYTRAIN_TEST_RECORDS"] = env["RAYTRAIN_TEST_RECORDS"]
+        try:
+            record_cluster(home, temp, port, dport, "test")
+        finally:
+            del os.environ["RAYTRAIN_TEST_RECORDS"]
+        proc = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--stop-recorded", env["RAYTRAIN_TEST_RECORDS"]],
+                              env={**os.environ, "CI_PYTHON": sys.executable}, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr
+        assert f"stopping the cluster the suite left running under {home}" in proc.stderr
+        assert not (home / "cluster.json").exists() and not ray_process.pid_alive(pid)
+    finally:
+        cli("cluster", "down", "--force", timeout=120)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(temp, ignore_errors=True)
