@@ -15,7 +15,7 @@ The model: GPT-2-medium shape (24 layers, hidden 1024, 16 heads, vocab 50304, ti
 parameters), sequence 1024, synthetic tokens made on the device. FLOPs per token (PaLM, appendix B):
 ``6N + 12 L H Q T`` with N the parameters without the position embeddings, L layers, H heads, Q head size,
 T sequence (full attention counted, as PaLM does, although causal attention skips half). MFU = FLOPs per
-token x tokens/s / the GPU's peak dense bf16 FLOP/s from PEAK_BF16 by device name (``--peak-tflops`` for
+token x tokens/s / the GPU's peak dense bf16 FLOP/s from raytrain's PEAK_TFLOPS by device name (``--peak-tflops`` for
 other GPUs). Peak memory is ``torch.cuda.max_memory_allocated`` from model creation to the last step, set
 against the planner's ``allocated`` (``raytrain.planner.memory.estimate``, flash attention).
 """
@@ -40,32 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' data sheets. First match wins,
-# so a more specific name comes before a name it contains.
-PEAK_BF16: list[tuple[str, float]] = [
-    (r"GB200", 2.5e15),
-    (r"B200", 2.25e15),
-    (r"H200 NVL", 835e12),
-    (r"GH200|H200", 989e12),
-    (r"H100 PCIe", 756e12),
-    (r"H100 NVL", 835e12),
-    (r"H100|H800", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
-    (r"H20\b", 148e12),
-    (r"A100|A800", 312e12),
-    (r"L40S", 362e12),
-    (r"L40\b", 181e12),
-    (r"\bL4\b", 121e12),
-    (r"\bA10\b", 125e12),
-    (r"MI300X", 1307e12),
-    (r"MI250X?", 383e12),
-]
+from raytrain.runtime.throughput import peak_tflops  # noqa: E402  (raytrain's one peak table)
 
 
 def peak_flops(device_name: str) -> float | None:
-    for pattern, flops in PEAK_BF16:
-        if re.search(pattern, device_name):
-            return flops
-    return None
+    tflops = peak_tflops(device_name)
+    return tflops * 1e12 if tflops else None
 
 
 # -- the model -------------------------------------------------------------------------------------
@@ -464,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0) if a.device == "cuda" else "CPU"
     peak = a.peak_tflops * 1e12 if a.peak_tflops else (peak_flops(name) if a.device == "cuda" else None)
     if a.device == "cuda" and peak is None:
-        print(f"gpu_mfu: no peak bf16 FLOP/s for {name!r} in PEAK_BF16: MFU is not computed; pass "
+        print(f"gpu_mfu: no peak bf16 FLOP/s for {name!r} in PEAK_TFLOPS: MFU is not computed; pass "
               f"--peak-tflops (the data sheet's dense bf16 tensor TFLOP/s) to get it", file=sys.stderr)
     init_single_rank(a.device)
     config = deepspeed_config(a)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from example_utils import add_fault_tolerance_args, after_step, batch_generator, save_probe
+from example_utils import add_fault_tolerance_args, after_step, batch_generator, before_backward, save_probe
 
 
 class Net(nn.Module):
@@ -67,6 +67,7 @@ def train(ctx):
             images, labels = data.batch(ctx.micro_batch, step, micro)
             logits = engine(images.to(ctx.device, ctx.dtype))
             loss = loss_fn(logits.float(), labels.to(ctx.device))
+            before_backward(ctx, args, step + 1, micro, loss)
             engine.backward(loss)
             engine.step()
             total += loss.item()

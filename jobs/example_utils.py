@@ -16,6 +16,12 @@ def add_fault_tolerance_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-once-at-step", type=int, default=0,
                         help="rank 1 (or 0 with one worker) dies at this step unless the run was restored: "
                              "try --max-failures")
+    parser.add_argument("--fail-in-collective-at-step", type=int, default=0,
+                        help="like --fail-once-at-step, but the rank dies as its backward of this step begins, "
+                             "so the other ranks are inside the step's gradient collectives when it dies")
+    parser.add_argument("--hold-at-step", type=int, default=0,
+                        help="after this step every rank waits (up to 600 s) to be stopped: a test's handshake "
+                             "point for `jobs stop`")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step")
     parser.add_argument("--probe-out", default="", help="rank 0 saves the model's outputs on a fixed input here")
 
@@ -23,6 +29,8 @@ def add_fault_tolerance_args(parser: argparse.ArgumentParser) -> None:
 def after_step(ctx, args, step: int) -> None:
     if args.step_sleep:
         time.sleep(args.step_sleep)
+    if getattr(args, "hold_at_step", 0) and step == args.hold_at_step:
+        time.sleep(600)  # until `jobs stop`; bounded so a test that never stops it cannot hold a CPU for good
     if args.fail_once_at_step and step == args.fail_once_at_step and ctx.resumed_from is None:
         import torch.distributed as dist
 
@@ -34,6 +42,22 @@ def after_step(ctx, args, step: int) -> None:
         if ctx.rank == min(1, ctx.world_size - 1):
             print(f"rank {ctx.rank}: simulated crash at step {step}", flush=True)
             os._exit(1)  # a real process death, not an exception
+
+
+def before_backward(ctx, args, step: int, micro: int, loss: torch.Tensor) -> None:
+    """``--fail-in-collective-at-step``: the dying rank exits from a hook on its loss's gradient, the first
+    thing its backward runs, while the other ranks go on into the backward's gradient reduction (ZeRO's
+    reduce-scatter / all-reduce) and meet a peer that is gone in the middle of it. No barrier: the step is
+    reported by no rank. ``step`` counts from 1, as reported."""
+    n = getattr(args, "fail_in_collective_at_step", 0)
+    if not n or step != n or micro != 0 or ctx.resumed_from is not None or ctx.rank != min(1, ctx.world_size - 1):
+        return
+
+    def die(grad):
+        print(f"rank {ctx.rank}: simulated crash inside a collective at step {step}", flush=True)
+        os._exit(1)
+
+    loss.register_hook(die)
 
 
 def save_probe(ctx, engine, args, probe: torch.Tensor) -> None:

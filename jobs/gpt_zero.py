@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from example_utils import add_fault_tolerance_args, after_step, batch_generator, save_probe
+from example_utils import add_fault_tolerance_args, after_step, batch_generator, before_backward, save_probe
 
 
 class Block(nn.Module):
@@ -103,6 +103,7 @@ def train(ctx):
             x, y = data.batch(ctx.micro_batch, step, micro)
             logits = engine(x.to(ctx.device))
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.to(ctx.device).reshape(-1))
+            before_backward(ctx, args, step + 1, micro, loss)
             engine.backward(loss)
             engine.step()
             total += loss.item()

@@ -33,6 +33,7 @@ DATASET = "dataset"  # driver: a --data dataset is ready (name, rows after prepr
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 STOPPED = "stopped"  # driver: SIGTERM (`jobs stop`, or its cluster stopping) ends the job
+ENGINE = "engine"  # rank 0: what DeepSpeed built (ZeRO stage, offload, tp/pp/dp sizes, batch), read from the engine
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -93,6 +94,7 @@ class JobFacts:
     checkpoints: list[int] = field(default_factory=list)
     memory: dict[int, dict] = field(default_factory=dict)  # rank -> latest memory event
     estimate: dict | None = None
+    engine: dict | None = None  # what DeepSpeed built (the latest: each worker-group start builds one)
     preflight: dict | None = None  # the latest (each worker-group start runs one)
     resized: list[dict] = field(default_factory=list)
     timings: list[dict] = field(default_factory=list)  # raytrain.timings reduces them
@@ -131,6 +133,8 @@ class JobFacts:
             self.memory[int(event.get("rank", 0))] = event
         elif kind == ESTIMATE:
             self.estimate = event
+        elif kind == ENGINE:
+            self.engine = event
         elif kind == CHECKPOINT:
             self.checkpoints.append(event.get("step"))
         elif kind == PREFLIGHT:

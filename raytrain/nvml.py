@@ -1,8 +1,10 @@
 """NVML through the nvidia-ml-py package (``import pynvml``); every call degrades to "no GPU".
 
 Each NVML query is made on its own (:func:`nvml_call`): a field the GPU or driver does not support
-(``NVMLError_NotSupported``), or a function an older nvidia-ml-py lacks, becomes None and the rest of the
-answer stands. No NVML library, no driver, or no GPU gives an empty inventory, never an exception.
+(``NVMLError_NotSupported``, or any other ``pynvml.NVMLError``), or a function an older nvidia-ml-py lacks,
+becomes None and the rest of the answer stands. Anything else (a misspelt name, a wrong signature) raises;
+tests/unit/test_library_names.py checks every pynvml name used here exists.
+No NVML library, no driver, or no GPU gives an empty inventory, never an exception.
 
 Functions take an optional ``nvml`` module (anything with pynvml's names) so the parsing of NVML answers
 can be tested with a fake library; by default they import pynvml.
@@ -27,13 +29,26 @@ def _load(nvml: Any | None) -> Any | None:
     return pynvml
 
 
+def nvml_errors() -> tuple[type[BaseException], ...]:
+    """What NVML itself raises: ``pynvml.NVMLError`` and its subclasses (NotSupported, NoPermission,
+    GpuIsLost, FunctionNotFound for a symbol the driver's library lacks, LibraryNotFound, ...)."""
+    try:
+        import pynvml
+    except ImportError:
+        return ()
+    return (pynvml.NVMLError,)
+
+
 def nvml_call(fn: Callable | None, *args: Any) -> Any:
-    """``fn(*args)``, or None when NVML says the query is unsupported or fails, or ``fn`` does not exist."""
+    """``fn(*args)``, or None when NVML says the query is unsupported or fails, or ``fn`` does not exist.
+
+    Only NVML's own errors become None: an AttributeError or TypeError (a misspelt pynvml name, a wrong
+    signature) is a bug and raises."""
     if fn is None:
         return None
     try:
         return fn(*args)
-    except Exception:  # NVMLError_NotSupported, NVMLError_NoPermission, NVMLError_GpuIsLost, ...
+    except nvml_errors():
         return None
 
 
@@ -120,7 +135,7 @@ def gpu_inventory(nvml: Any | None = None) -> list[dict]:
         return []
     try:
         nvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without a GPU
+    except nvml_errors():  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without a GPU
         return []
     try:
         count = nvml_call(nvml.nvmlDeviceGetCount) or 0
@@ -149,12 +164,9 @@ def gpu_count() -> int:
         return 0
     try:
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without a GPU
+    except pynvml.NVMLError:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without a GPU
         return 0
     try:
         return int(pynvml.nvmlDeviceGetCount())
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        nvml_call(pynvml.nvmlShutdown)

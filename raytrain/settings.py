@@ -141,10 +141,17 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "where the install script looks for an NVIDIA driver (its tests point it elsewhere)"),
     _s("TEST_KUBECONFIG", "path", None, "tests", "pytest", "the kubeconfig of the Kubernetes API server "
        "`tests/k8s` runs against", shown="none: `tests/k8s` is skipped"),
-    _s("TEST_PORT", "int", 6390, "tests", "pytest", "the GCS port of the local cluster `tests/e2e` starts"),
-    _s("TEST_DASHBOARD_PORT", "int", 8275, "tests", "pytest", "its dashboard port"),
-    _s("TEST_MN_PORT", "int", 6391, "tests", "pytest", "the GCS port of the two-node cluster `tests/multinode` starts"),
-    _s("TEST_MN_DASHBOARD_PORT", "int", 8276, "tests", "pytest", "its dashboard port"),
+    _s("TEST_KUBERAY_CRDS", "path", None, "tests", "pytest", "KubeRay's CRDs for `tests/k8s`",
+       shown="`../shared/k8s-apiserver/kuberay-crds-1.6.2.yaml`"),
+    _s("TEST_PORT", "int", None, "tests", "pytest", "pins the GCS port of the local cluster `tests/e2e` starts",
+       shown="a free port"),
+    _s("TEST_DASHBOARD_PORT", "int", None, "tests", "pytest", "pins its dashboard port", shown="a free port"),
+    _s("TEST_MN_PORT", "int", None, "tests", "pytest",
+       "pins the GCS port of the two-node cluster `tests/multinode` starts", shown="a free port"),
+    _s("TEST_MN_DASHBOARD_PORT", "int", None, "tests", "pytest", "pins its dashboard port", shown="a free port"),
+    _s("TEST_MN_NETNS", "text", "rt-node2", "tests", "pytest", "the network namespace of the second node"),
+    _s("TEST_RECORDS", "path", None, "tests", "pytest, `.ci/run`",
+       "a file where the suite records each cluster it starts, so `.ci/run` stops exactly those"),
 ]}
 
 

@@ -1,3 +1,7 @@
+import json
+import os
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -32,3 +36,76 @@ def _environment_restored():
         os.environ.clear()
         os.environ.update(saved)
         os.environ.update(kept)
+
+
+# -- skips ---------------------------------------------------------------------------------------------
+# A skip may only stand for something the test extra cannot install: a Kubernetes API server, root (network
+# namespaces), a GPU, a machine shape. Such skips carry a "[needs ...]" reason (needs()) and are listed
+# after every run. Any other skip (a missing ray, transformers, wandb: a broken install) is a failure under
+# CI=true, so a broken environment cannot turn the suite green.
+NEEDS = "[needs "
+
+
+def needs(what: str, reason: str) -> str:
+    """A skip reason for a test that cannot run on this machine: ``pytest.skip(needs("root", "..."))``."""
+    return f"{NEEDS}{what}] {reason}"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and _in_ci():
+        reason = _skip_reason(report)
+        if not reason.startswith(NEEDS):
+            report.outcome = "failed"
+            report.longrepr = (f"CI=true: {item.nodeid} was skipped ({reason}); under CI a skip of anything "
+                               f"the test extra installs is a failure (only '{NEEDS}...]' skips are allowed)")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say which suites did not run and why, even without -rs: a skipped suite is never silent."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = _skip_reason(report)
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.write_sep("-", "not run on this machine")
+        for reason, count in sorted(reasons.items()):
+            terminalreporter.write_line(f"{count:4d} skipped: {reason}")
+
+
+# -- the suite's clusters --------------------------------------------------------------------------------
+def free_port(avoid: set[int] = frozenset()) -> int:
+    """A TCP port free on this machine now (the kernel's pick), for a cluster this run starts: never a fixed
+    port, which another checkout's cluster may hold."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def record_cluster(home: Path, temp_dir: Path, port, dashboard_port, what: str, **extra: str) -> None:
+    """Append the RAYTRAIN_HOME of a cluster this run starts to $RAYTRAIN_TEST_RECORDS (if set), one JSON
+    line: .ci/run stops each with `raytrain cluster down --force` under that RAYTRAIN_HOME (the head's own
+    record there names its process), so nothing is stopped by a name or port pattern."""
+    path = os.environ.get("RAYTRAIN_TEST_RECORDS")
+    if not path:
+        return
+    line = {"what": what, "home": str(home), "temp_dir": str(temp_dir), "port": int(port),
+            "dashboard_port": int(dashboard_port), "pytest_pid": os.getpid(), "at": time.time(), **extra}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from raytrain import settings, timings
+from raytrain import events, settings, timings
 from raytrain.config.plan import Plan
 from raytrain.runtime import hf_model
 from raytrain.runtime.checkpointer import Checkpointer
 from raytrain.runtime.data import Position, ShardBatches
-from raytrain.runtime.engine import build_engine
+from raytrain.runtime.engine import build_engine, engine_facts
 from raytrain.runtime.memory_estimate import emit_estimate
 from raytrain.runtime.parallel import build_pipeline, prepare_tensor_parallel
 from raytrain.runtime.reporter import Reporter
@@ -162,6 +162,8 @@ class TrainContext:
             **kwargs,
         )
         self._restore()
+        if self.is_main:
+            events.emit(events.ENGINE, **engine_facts(self.engine))
         timings.emit("engine_built", rank=self.rank)
         return self.engine
 

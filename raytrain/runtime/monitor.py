@@ -6,8 +6,17 @@
 
 Every sample records the process RSS; on a GPU worker also the GPU's memory used (device-wide, NVML's
 ``used``: includes the CUDA context and any other process on that GPU, so compare it with a plan's GPU
-total rather than with ``torch.cuda.max_memory_allocated``), this process's own GPU memory where NVML lists
-it (not inside PID namespaces), utilisation (%) and power (W).
+total rather than with ``torch.cuda.max_memory_allocated``), this process's own GPU memory, utilisation (%)
+and power (W).
+
+This process's own GPU memory (:func:`own_gpu_memory`): NVML lists each process on the GPU by its PID in the
+host's PID namespace, which a container (Kubernetes, docker) does not see: ``os.getpid()`` there is the
+container's number. So the PIDs matched are every PID this process has in the namespaces ``/proc/self/status``
+(``NSpid``) shows (the host's too where /proc is the host's); when none matches, the PyTorch caching
+allocator's ``torch.cuda.memory_reserved`` (if torch is imported and CUDA initialised in this process) stands
+in, and ``gpu_process_memory_source`` says which was used ("nvml" or "torch_reserved"). What the fallback
+cannot see: the CUDA context (about 0.3-0.5 GiB) and memory allocated outside PyTorch's allocator (NCCL
+buffers, cuBLAS workspaces, other libraries), so it is lower than NVML's figure for the same process.
 
 The worker's GPU is CUDA ordinal ``device`` (default 0) mapped through ``CUDA_VISIBLE_DEVICES`` (indices or
 ``GPU-``/``MIG-`` UUIDs, as Ray sets them) to the NVML device, since NVML numbers every GPU on the machine.
@@ -22,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from raytrain.nvml import nvml_call
+from raytrain.nvml import nvml_call, nvml_errors
 
 
 def process_rss() -> int | None:
@@ -57,6 +66,51 @@ class Sample:
 _PEAK_FIELDS = ("rss", "gpu_memory_used", "gpu_process_memory", "gpu_utilization", "power_w")
 
 
+def own_pids() -> set[int]:
+    """This process's PIDs: ``os.getpid()`` plus each PID ``NSpid`` lists (outermost namespace /proc shows
+    first), so a /proc mounted from an outer namespace gives the PID NVML reports."""
+    pids = {os.getpid()}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    pids.update(int(p) for p in line.split()[1:] if p.isdigit())
+                    break
+    except OSError:
+        pass
+    return pids
+
+
+def torch_reserved(device: int = 0) -> int | None:
+    """``torch.cuda.memory_reserved(device)`` where this process already imported torch and initialised CUDA
+    (never imports torch, never initialises CUDA: a sampler must not create a CUDA context)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return None
+    return int(cuda.memory_reserved(device))
+
+
+def torch_max_allocated(device: int = 0) -> int | None:
+    """``torch.cuda.max_memory_allocated(device)`` under the same rule as :func:`torch_reserved`: the
+    figure the planner's ``gpu_allocated`` estimates."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return None
+    return int(cuda.max_memory_allocated(device))
+
+
+def own_gpu_memory(procs: list, pids: set[int], reserved: Callable[[], int | None]) -> tuple[int | None, str | None]:
+    """(bytes, source): the usedGpuMemory NVML lists for one of ``pids``, else ``reserved()``."""
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)
+        if getattr(p, "pid", None) in pids and isinstance(used, int):
+            return used, "nvml"
+    value = reserved()
+    return (value, "torch_reserved") if isinstance(value, int) else (None, None)
+
+
 def resolve_handle(nvml: Any, device: int = 0, visible: str | None = None) -> Any | None:
     """The NVML handle of CUDA ordinal ``device`` under ``CUDA_VISIBLE_DEVICES`` (``visible``)."""
     if visible is None:
@@ -81,6 +135,7 @@ class MemoryMonitor:
         device: int = 0,
         nvml: Any | None = None,
         rss: Callable[[], int | None] | None = None,
+        reserved: Callable[[], int | None] | None = None,
     ):
         if interval <= 0:
             raise ValueError("interval must be > 0 seconds")
@@ -89,6 +144,9 @@ class MemoryMonitor:
         self._want_gpu = gpu
         self._nvml = nvml
         self._rss = rss or process_rss
+        self._reserved = reserved or (lambda: torch_reserved(device))
+        self._pids = own_pids()
+        self.process_memory_source: str | None = None  # "nvml" or "torch_reserved": see own_gpu_memory
         self._handle: Any = None
         self._nvml_open = False
         self._lock = threading.Lock()
@@ -116,7 +174,7 @@ class MemoryMonitor:
                 return
         try:
             nvml.nvmlInit()
-        except Exception:  # no library / no driver
+        except nvml_errors():  # no library / no driver
             return
         handle = resolve_handle(nvml, self.device, visible)
         if handle is None:
@@ -135,8 +193,9 @@ class MemoryMonitor:
         util = nvml_call(getattr(nvml, "nvmlDeviceGetUtilizationRates", None), h)
         power_mw = nvml_call(getattr(nvml, "nvmlDeviceGetPowerUsage", None), h)
         procs = nvml_call(getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None), h) or []
-        pid = os.getpid()
-        own = next((getattr(p, "usedGpuMemory", None) for p in procs if getattr(p, "pid", None) == pid), None)
+        own, source = own_gpu_memory(procs, self._pids, self._reserved)
+        if source is not None:
+            self.process_memory_source = source
         return {
             "gpu_memory_used": getattr(mem, "used", None),
             "gpu_process_memory": own if isinstance(own, int) else None,
@@ -216,6 +275,7 @@ class MemoryMonitor:
         field: rss, gpu_memory_used, ..., power_w}."""
         with self._lock:
             return {"source": self.source, "samples": self._count, "errors": self._errors, "error": self.error,
+                    "gpu_process_memory_source": self.process_memory_source,
                     **{f"{k}_peak": v for k, v in self._peak.items()}}
 
     def metrics(self) -> dict:

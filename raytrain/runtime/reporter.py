@@ -25,21 +25,27 @@ def as_float(value: Any) -> Any:
 def loss_scaling(engine: Any) -> dict[str, Any]:
     """fp16 dynamic loss scaling's state on a DeepSpeed engine: ``loss_scale`` (the current scale) and
     ``skipped_steps`` (optimizer steps skipped on a gradient overflow so far); empty for an engine without fp16
-    (bf16 and fp32 need no scaling) or anything that is not an engine. Attribute reads only: no sync."""
+    (bf16 and fp32 need no scaling) or anything that is not an engine. Attribute reads only: no sync.
+
+    No blanket ``except``: the names read here are DeepSpeed's (tests/unit/test_library_names.py checks they
+    exist in the installed version), and an engine whose optimizer raises on ``loss_scale`` is a bug to see,
+    not a report to thin out silently."""
     fp16_enabled = getattr(engine, "fp16_enabled", None)
-    try:
-        if not (callable(fp16_enabled) and fp16_enabled()):
-            return {}
-        out: dict[str, Any] = {}
-        skipped = getattr(engine, "skipped_steps", None)
-        if isinstance(skipped, int):
-            out["skipped_steps"] = skipped
-        scale = getattr(getattr(engine, "optimizer", None), "loss_scale", None)  # ZeRO / FP16 optimizers
-        if isinstance(scale, (int, float)):
-            out["loss_scale"] = float(scale)
-        return out
-    except Exception:  # an engine of another DeepSpeed version: the report goes on without these
+    if not (callable(fp16_enabled) and fp16_enabled()):
         return {}
+    out: dict[str, Any] = {}
+    skipped = getattr(engine, "skipped_steps", None)
+    if isinstance(skipped, int):
+        out["skipped_steps"] = skipped
+    optimizer = getattr(engine, "optimizer", None)
+    # ZeRO / FP16 optimizers' property; read it only where it is defined, since getattr with a default would
+    # also swallow an AttributeError raised inside the property.
+    defined = any("loss_scale" in vars(k) for k in type(optimizer).__mro__) or \
+        "loss_scale" in getattr(optimizer, "__dict__", {})
+    scale = optimizer.loss_scale if defined else None
+    if isinstance(scale, (int, float)):
+        out["loss_scale"] = float(scale)
+    return out
 
 
 class Reporter:
@@ -138,12 +144,19 @@ class Reporter:
             return
         self._last_memory_event = now
         peak = self.monitor.peak()
+        from raytrain.runtime.monitor import torch_max_allocated
+
+        allocated = torch_max_allocated() if self.on_gpu else None
         events.emit(
             events.MEMORY,
             rank=self.rank,
             source=peak["source"],
             rss_peak=peak["rss_peak"],
             gpu_memory_peak=peak["gpu_memory_used_peak"],
+            **({"gpu_process_memory_peak": peak["gpu_process_memory_peak"],
+                "gpu_process_memory_source": peak["gpu_process_memory_source"]}
+               if peak.get("gpu_process_memory_peak") is not None else {}),
+            **({"torch_max_allocated": allocated} if allocated is not None else {}),
             final=final,
             **({"sampler_error": peak["error"], "sampler_errors": peak["errors"]} if peak.get("error") else {}),
         )

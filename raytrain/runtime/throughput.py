@@ -3,11 +3,31 @@ and MFU (against the GPU's dense bf16/fp16 peak) on GPU workers when it says how
 and the run's length (``total_steps``) for the progress bar's ETA."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
-# Dense bf16/fp16 tensor-core peak, TFLOP/s, by a substring of torch.cuda.get_device_name().
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
-               "L40": 181.0, "L4": 121.0, "A10": 125.0, "V100": 125.0, "T4": 65.0, "MI300": 1307.0}
+# Dense (no sparsity) bf16/fp16 tensor-core peaks, TFLOP/s, from the vendors' data sheets, by a regular
+# expression on torch.cuda.get_device_name(). The one table: bench/gpu_mfu.py imports it. First match wins,
+# so a more specific name comes before a name it contains (H100 PCIe before H100).
+PEAK_TFLOPS: list[tuple[str, float]] = [
+    (r"GB200", 2500.0),
+    (r"B200", 2250.0),
+    (r"H200 NVL", 835.0),
+    (r"GH200|H200", 989.0),
+    (r"H100 PCIe", 756.0),
+    (r"H100 NVL", 835.0),
+    (r"H100|H800", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"H20\b", 148.0),
+    (r"A100|A800", 312.0),
+    (r"L40S", 362.0),
+    (r"L40\b", 181.0),
+    (r"\bL4\b", 121.0),
+    (r"\bA10\b", 125.0),
+    (r"V100", 125.0),
+    (r"\bT4\b", 65.0),
+    (r"MI300X?", 1307.0),
+    (r"MI250X?", 383.0),
+]
 
 
 def steps_from_args(args: list[str]) -> int | None:
@@ -20,9 +40,10 @@ def steps_from_args(args: list[str]) -> int | None:
 
 
 def peak_tflops(device_name: str) -> float | None:
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key in device_name:
-            return PEAK_TFLOPS[key]
+    """The dense bf16 peak of a GPU by its name (TFLOP/s), or None for a GPU not in :data:`PEAK_TFLOPS`."""
+    for pattern, tflops in PEAK_TFLOPS:
+        if re.search(pattern, device_name):
+            return tflops
     return None
 
 

@@ -167,6 +167,24 @@ def check_metrics_and_plots(cli, job, baseline, tmp_path):
         assert pixels.shape[0] >= 600 and (pixels[..., :3] < 0.5).mean() > 0.005
 
 
+def test_a_worker_killed_inside_a_collective_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline,
+                                                                                              tmp_path):
+    """The death --fail-once-at-step avoids (it passes a barrier first): rank 1 dies as its step-6 backward
+    begins, while rank 0 is inside the step's gradient collectives. The run restarts from the step-4
+    checkpoint and ends as the baseline does; step 6 was reported by no rank before the restart."""
+    base_info, base, _ = gpt_baseline
+    info = submit_json(cli, JOBS / "gpt_zero.py", [*GPT_Z3, "--max-failures", "1"],
+                       ["--steps", "10", "--fail-in-collective-at-step", "6"], timeout=600)
+    facts = cli.facts(info["id"])
+    assert info["state"] == "succeeded" and info["restarts"] == 1, info
+    log = cli("jobs", "logs", info["id"], check=True).stdout
+    assert "rank 1: simulated crash inside a collective at step 6" in log, log[-3000:]
+    steps = [m["step"] for m in facts.metrics]
+    assert steps == [1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10], steps  # step 5 redone from the step-4 checkpoint
+    assert facts.losses[-4:] == pytest.approx(base.losses[-4:], rel=1e-6, abs=0)  # tolerance: see above
+    assert_same_weights(cli, info["id"], base_info["id"], tmp_path)
+
+
 def test_without_max_failures_a_killed_worker_fails_the_job(cli):
     proc = submit_json(cli, JOBS / "cnn.py", ["--workers", "2", "--micro-batch", "4"],
                        ["--steps", "4", "--fail-once-at-step", "2"], expect=1)
@@ -179,14 +197,15 @@ def test_without_max_failures_a_killed_worker_fails_the_job(cli):
 
 def test_stop_then_resume_continues_where_it_stopped(cli):
     base = cli.facts(submit_json(cli, JOBS / "cnn.py", CNN_Z1, ["--steps", "9"])["id"])
-    proc = cli("submit", JOBS / "cnn.py", *CNN_Z1, "--no-wait", "--json", "--", "--steps", "9", "--step-sleep", "2")
+    # a handshake, not a window: the job holds after step 3 (its checkpoint) until it is stopped
+    proc = cli("submit", JOBS / "cnn.py", *CNN_Z1, "--no-wait", "--json", "--", "--steps", "9", "--hold-at-step", "3")
     run = json.loads(proc.stdout)["id"]
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline and 3 not in cli.facts(run).checkpoints:
         time.sleep(1)
     assert f"{run}: stopped; its workers and placement groups are gone" in cli("jobs", "stop", run, check=True).stdout
     stopped_at = cli.facts(run).metrics[-1]["step"]
-    assert stopped_at < 9
+    assert stopped_at == 3
 
     listed = json.loads(cli("jobs", "checkpoints", run, "--json", check=True).stdout)
     assert listed and all(c["complete"] for c in listed) and listed[0]["step"] == 3
@@ -196,7 +215,10 @@ def test_stop_then_resume_continues_where_it_stopped(cli):
     last_ckpt = listed[-1]["step"]
     assert [m["step"] for m in resumed.metrics] == list(range(last_ckpt + 1, 10))
     assert resumed.started["resume_from"] == listed[-1]["path"]
-    assert resumed.losses[-1] == base.losses[-1]  # bit for bit
+    # the same loss to the documented rounding of these CPUs' kernels (rel 1e-6: two uninterrupted runs are not
+    # always bit-identical, see test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result); a
+    # restore that lost state moves it at 1e-4
+    assert resumed.losses[-1] == pytest.approx(base.losses[-1], rel=1e-6, abs=0)
 
 
 def test_resume_of_an_unknown_run_is_refused(cli):
@@ -254,15 +276,22 @@ def test_ctrl_c_while_following_does_what_the_flags_say(cli, stop_flag, state):
         # installs no KeyboardInterrupt handler and the CLI never sees the Ctrl-C
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    seen = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen.append(line)
-        if line.startswith("step 2"):
-            break
-    proc.send_signal(signal.SIGINT)
-    out = "".join(seen) + proc.communicate(timeout=60)[0]
+    try:
+        seen = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.startswith("step 2") or not line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out = "".join(seen) + proc.communicate(timeout=60)[0]
+    finally:
+        # a failure above must not leave the CLI, or its 500-s job, running: the CLI here, the job by the
+        # autouse _no_job_outlives_its_test after the test
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
     assert proc.returncode == 130, out
     job = re.search(r"raytrain-cnn-\d{8}-\d{6}-[0-9a-f]{6}", out).group(0)
     if state == "running":

@@ -22,7 +22,7 @@ from raytrain.clusters.profiles import parse_cluster_profile
 from raytrain.clusters.raycluster import RayClusters
 from raytrain.config import Options
 from raytrain.targets.k8s_portforward import RayClusterJobsTarget
-from tests.conftest import JOBS
+from tests.conftest import JOBS, needs
 
 pytestmark = pytest.mark.e2e
 KUBECONFIG = "RAYTRAIN_TEST_KUBECONFIG"
@@ -53,8 +53,9 @@ class StreamsToLocalHead(KubePortForward):
 def kube_namespace():
     path = os.environ.get(KUBECONFIG)
     if not path:
-        pytest.skip(f"${KUBECONFIG} is not set: the RayCluster must come from a Kubernetes API server "
-                    "(../shared/k8s-apiserver/start.sh RUN_DIR prints one; .ci/run sets it)")
+        pytest.skip(needs("a Kubernetes API server",
+                          f"${KUBECONFIG} is not set: the RayCluster must come from a Kubernetes API server "
+                          "(../shared/k8s-apiserver/start.sh RUN_DIR prints one; .ci/run sets it)"))
     from tests.k8s.conftest import _ensure_crds
 
     conn = KubeConnection(path)

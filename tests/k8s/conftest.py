@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from raytrain.clusters.k8s_client import schema_at
-from tests.conftest import ROOT
+from tests.conftest import ROOT, needs
 
 ENV = "RAYTRAIN_TEST_KUBECONFIG"
 # KubeRay 1.6.2's own CRDs ($RAYTRAIN_TEST_KUBERAY_CRDS: the same file elsewhere, e.g. from a git worktree)
@@ -32,8 +32,8 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get(ENV):
         return
     skip = pytest.mark.skip(
-        reason=f"${ENV} is not set: point it at a kubeconfig (../shared/k8s-apiserver/start.sh RUN_DIR "
-        "prints one; .ci/run starts that server and sets it)"
+        reason=needs("a Kubernetes API server", f"${ENV} is not set: point it at a kubeconfig (../shared/k8s-apiserver/start.sh RUN_DIR "
+        "prints one; .ci/run starts that server and sets it)")
     )
     here = Path(__file__).parent
     for item in items:

@@ -14,8 +14,8 @@ private mount namespace where ``node_local_dir`` is a fresh tmpfs: a file the he
 by node 2's tasks and vice versa (node-local disk). ``shared_dir`` is the same folder on both (shared disk).
 
 Needs root (skips with the reason otherwise, or when ``ip netns add`` fails). Ports: the head's GCS on
-``RAYTRAIN_TEST_MN_PORT`` (6391), dashboard on 127.0.0.1:``RAYTRAIN_TEST_MN_DASHBOARD_PORT`` (8276), apart
-from the e2e suite's 6390/8275. Everything it made is removed at the end, whatever happened. Startup takes
+``RAYTRAIN_TEST_MN_PORT``, dashboard on 127.0.0.1:``RAYTRAIN_TEST_MN_DASHBOARD_PORT``, each picked free at
+the start of the run when not given. Both nodes' RAYTRAIN_HOMEs (and the netns) go to $RAYTRAIN_TEST_RECORDS. Everything it made is removed at the end, whatever happened. Startup takes
 about 30-40 s on 2 cores (head ~15 s, node 2 ~10 s).
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Callable
 
 import pytest
 
+from tests.conftest import free_port, needs, record_cluster
 from tests.e2e.conftest import CLI
 
 NETNS = os.environ.get("RAYTRAIN_TEST_MN_NETNS", "rt-node2")
@@ -180,14 +181,14 @@ class TwoNodes:
 
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
-        return "two-node tests need root (ip netns, veth, mount)"
+        return needs("root", "two-node tests need root (ip netns, veth, mount); run them as root")
     for tool in ("ip", "unshare", "mount"):
         if shutil.which(tool) is None:
-            return f"two-node tests need `{tool}`"
+            return needs(tool, f"two-node tests need `{tool}`")
     probe = "rt-mn-probe"
     proc = _sh("ip", "netns", "add", probe, check=False)
     if proc.returncode != 0:
-        return f"`ip netns add` failed: {proc.stderr.strip()}"
+        return needs("network namespaces", f"`ip netns add` failed: {proc.stderr.strip()}")
     _sh("ip", "netns", "del", probe, check=False)
     return None
 
@@ -201,8 +202,8 @@ def two_nodes():
     if reason:
         pytest.skip(reason)
     t0 = time.monotonic()
-    port = os.environ.get("RAYTRAIN_TEST_MN_PORT", "6391")
-    dashboard_port = os.environ.get("RAYTRAIN_TEST_MN_DASHBOARD_PORT", "8276")
+    port = os.environ.get("RAYTRAIN_TEST_MN_PORT") or str(free_port())
+    dashboard_port = os.environ.get("RAYTRAIN_TEST_MN_DASHBOARD_PORT") or str(free_port(avoid={int(port)}))
     made: list[Path] = []
 
     def mkdtemp(prefix: str) -> Path:
@@ -211,8 +212,11 @@ def two_nodes():
         return path
 
     head_home, node2_home = mkdtemp("rt-mn-head-home-"), mkdtemp("rt-mn-node2-home-")
-    head_cli = CLI(_env(head_home, mkdtemp("rt-mnh-"), port, dashboard_port))
-    node2_cli = CLI(_env(node2_home, mkdtemp("rt-mn2-"), port, dashboard_port))
+    head_temp, node2_temp = mkdtemp("rt-mnh-"), mkdtemp("rt-mn2-")
+    record_cluster(head_home, head_temp, port, dashboard_port, "multinode-head")
+    record_cluster(node2_home, node2_temp, port, dashboard_port, "multinode-node2", netns=NETNS, veth=VETH_ROOT)
+    head_cli = CLI(_env(head_home, head_temp, port, dashboard_port))
+    node2_cli = CLI(_env(node2_home, node2_temp, port, dashboard_port))
     node_local_dir, shared_dir = mkdtemp("rt-mn-local-"), mkdtemp("rt-mn-shared-")
     shared_dir.chmod(0o777)
     gcs_address = f"{HEAD_IP}:{port}"

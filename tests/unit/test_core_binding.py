@@ -6,6 +6,7 @@ import pytest
 
 from raytrain.runtime import core_binding
 from raytrain.runtime.core_binding import cores_for
+from tests.conftest import needs
 
 
 def test_each_local_rank_gets_its_own_block_when_the_workers_fill_the_node():
@@ -33,7 +34,7 @@ def test_nothing_is_bound_unless_the_workers_hold_every_core(local_world, per, a
 def test_bind_thread_binds_the_calling_thread_and_what_it_starts_later_only():
     before = os.sched_getaffinity(0)
     if len(before) < 2:
-        pytest.skip("one core: nothing to tell apart")
+        pytest.skip(needs("2 cores", "one core: nothing to tell apart"))
     one = [min(before)]
     seen: dict[str, set] = {}
     ready, release = threading.Event(), threading.Event()

@@ -2,6 +2,7 @@
 state_dict) with the model's description beside it, exported to a Hugging Face folder that
 `AutoModelForCausalLM.from_pretrained` loads and that gives the model's logits; and the CLI's refusals.
 The ZeRO-3 path (shards consolidated) runs in tests/e2e/test_hf.py."""
+import importlib
 import json
 
 import pytest
@@ -10,9 +11,9 @@ from click.testing import CliRunner
 from raytrain.checkpoints import marker as markers
 from raytrain.cli.main import main as cli
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
+torch = importlib.import_module("torch")
+transformers = importlib.import_module("transformers")
+peft = importlib.import_module("peft")
 
 from raytrain.runtime import hf_model  # noqa: E402
 from raytrain.runtime.export_hf import export_hf  # noqa: E402

@@ -152,7 +152,7 @@ def test_cli_refuses_the_contradiction_before_submitting(raytrain_home):
 
 
 def test_the_workers_give_a_real_hf_parser_raytrains_values(monkeypatch):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from raytrain.runtime.script import argparse_hook
 
     p = plan(micro_batch=4, grad_accum=2, grad_clip=0.5)
@@ -170,7 +170,7 @@ def test_the_workers_give_a_real_hf_parser_raytrains_values(monkeypatch):
 def test_the_callback_reports_the_trainers_loss_as_metrics_events(tmp_path, capsys, monkeypatch):
     # a real Trainer (one CPU process, no DeepSpeed) built inside trainer_hooks: raytrain's callback is added
     # without the script asking, and each log becomes a metrics event with loss, lr and throughput
-    transformers = pytest.importorskip("transformers")
+    import transformers
     import importlib.util
 
     from raytrain.runtime.hf_trainer import trainer_hooks
@@ -389,7 +389,7 @@ def test_cli_refuses_a_resharded_resume_that_changes_the_global_batch_before_sub
 def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, monkeypatch):
     # a real Trainer (one CPU process) saves checkpoint-2; a new Trainer inside trainer_hooks(restore_from=...)
     # whose script calls train() with no resume argument continues at step 3: global_step does not restart at 0
-    transformers = pytest.importorskip("transformers")
+    import transformers
     import importlib.util
 
     from raytrain.runtime.hf_checkpoints import prepare_resume, stage
@@ -428,7 +428,7 @@ def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, mo
 def test_a_resharded_trainer_with_another_global_batch_is_refused_before_its_first_step(tmp_path, monkeypatch):
     # the hook checks the Trainer's own arguments (per_device_train_batch_size x gradient_accumulation_steps x
     # workers) against the saving run's before Trainer.train starts: nothing is trained
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from raytrain.runtime.hf_checkpoints import Resume
     from raytrain.runtime.hf_trainer import trainer_hooks
 

@@ -3,6 +3,7 @@
 raytrain's rank-0 staging adds its marker, and the export gives a folder from_pretrained (or
 PeftModel.from_pretrained) loads with the trained model's logits. The ZeRO-2/3 shards of a real DeepSpeed
 Trainer run are consolidated in tests/e2e/test_hf.py."""
+import importlib
 import dataclasses
 import json
 import shutil
@@ -15,10 +16,10 @@ from raytrain.checkpoints import marker as markers
 from raytrain.cli.main import main as cli
 from tests.unit.test_hf_trainer import HF, accelerate_state_restored  # noqa: F401  (its autouse fixture)
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
-tokenizers = pytest.importorskip("tokenizers")
+torch = importlib.import_module("torch")
+transformers = importlib.import_module("transformers")
+peft = importlib.import_module("peft")
+tokenizers = importlib.import_module("tokenizers")
 
 from raytrain.runtime.export import export  # noqa: E402
 from raytrain.runtime.export_hf import export_hf  # noqa: E402

@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 from raytrain.runtime.monitor import MemoryMonitor, process_rss, resolve_handle
-from tests.conftest import ROOT
+from tests.conftest import ROOT, needs
 
 MB = 2**20
 
@@ -79,7 +79,7 @@ def test_no_nvml_here_falls_back_to_rss(monkeypatch):
     try:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
-        pytest.skip("this machine has an NVIDIA driver")
+        pytest.skip(needs("no NVIDIA driver", "this machine has an NVIDIA driver"))
     except pynvml.NVMLError:
         pass
     monitor = MemoryMonitor(interval=10)  # gpu=None: tries NVML for real, finds no library
@@ -214,3 +214,69 @@ def test_a_sampler_failing_from_the_first_sample_does_not_stop_the_start():
     monitor = MemoryMonitor(interval=0.01, gpu=False, rss=broken).start()
     peak = monitor.stop()
     assert peak["error"] == "RuntimeError: no /proc" and peak["rss_peak"] is None
+
+
+class ContainerGPU(FakeGPU):
+    """NVML inside a container: the GPU's processes are listed by their host PIDs, none of them ours."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=4_000_001, usedGpuMemory=900), SimpleNamespace(pid=4_000_002, usedGpuMemory=55)]
+
+
+def test_in_a_pid_namespace_the_process_memory_falls_back_to_torch_reserved(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monitor = MemoryMonitor(interval=60, nvml=ContainerGPU(), rss=lambda: 1, reserved=lambda: 640)
+    monitor.start()
+    peak = monitor.stop()
+    assert monitor.latest().gpu_process_memory == 640  # not another process's 900, not None
+    assert peak["gpu_process_memory_peak"] == 640 and peak["gpu_process_memory_source"] == "torch_reserved"
+    # Neither NVML nor torch can tell: None, and no source.
+    blind = MemoryMonitor(interval=60, nvml=ContainerGPU(), rss=lambda: 1, reserved=lambda: None)
+    blind.start()
+    assert blind.stop()["gpu_process_memory_source"] is None and blind.latest().gpu_process_memory is None
+
+
+def test_the_pid_match_uses_every_pid_nspid_lists():
+    from raytrain.runtime.monitor import own_gpu_memory, own_pids
+
+    pids = own_pids()
+    assert os.getpid() in pids
+    with open("/proc/self/status") as f:
+        nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+    assert {int(p) for p in nspid} <= pids
+    procs = [SimpleNamespace(pid=4_000_001, usedGpuMemory=900), SimpleNamespace(pid=77, usedGpuMemory=300)]
+    assert own_gpu_memory(procs, {12, 77}, lambda: 5) == (300, "nvml")  # the outer namespace's PID 77
+    assert own_gpu_memory(procs, {12}, lambda: 5) == (5, "torch_reserved")
+
+
+def test_torch_reserved_never_initialises_cuda():
+    """The fallback reads torch only where the process already initialised CUDA (no context of its own)."""
+    from raytrain.runtime.monitor import torch_reserved
+
+    code = "import torch; from raytrain.runtime.monitor import torch_reserved; " \
+           "print(torch_reserved(), torch.cuda.is_initialized())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout.split()
+    assert out == ["None", "False"]
+    assert torch_reserved() is None or isinstance(torch_reserved(), int)
+
+
+def test_a_gpu_workers_memory_event_carries_its_own_and_the_allocators_peaks(monkeypatch, capsys):
+    """The final memory event of a GPU worker: NVML's device peak, this process's peak (and how it was found),
+    and torch.cuda.max_memory_allocated (what the planner's gpu_allocated estimates; the GPU suite compares
+    them). torch's CUDA is faked here: only where the process initialised it is it read."""
+    from raytrain.events import MEMORY, parse_line
+    from raytrain.runtime.reporter import Reporter
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cuda = SimpleNamespace(is_initialized=lambda: True, max_memory_allocated=lambda device=0: 4_321,
+                           memory_reserved=lambda device=0: 8_000)
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    rep = Reporter(rank=0, train_batch=8)
+    rep.on_gpu = True
+    rep.monitor = MemoryMonitor(interval=60, nvml=ContainerGPU(), rss=lambda: 1).start()
+    rep.finish()
+    (event,) = [e for e in map(parse_line, capsys.readouterr().out.splitlines()) if e and e["event"] == MEMORY]
+    assert event["source"] == "gpu" and event["gpu_memory_peak"] > 0 and event["final"]
+    assert event["gpu_process_memory_peak"] == 8_000 and event["gpu_process_memory_source"] == "torch_reserved"
+    assert event["torch_max_allocated"] == 4_321

@@ -8,6 +8,7 @@ import pytest
 
 from raytrain import nvml
 from raytrain.nvml import bandwidth_gb_s, gpu_count, gpu_inventory
+from tests.conftest import needs
 
 
 def _has_nvml() -> bool:
@@ -22,7 +23,7 @@ def _has_nvml() -> bool:
 def test_no_gpu_for_real():
     """Here nvmlInit raises NVMLError_LibraryNotFound: the inventory is empty, not an error."""
     if _has_nvml():
-        pytest.skip("this machine has an NVIDIA driver")
+        pytest.skip(needs("no NVIDIA driver", "this machine has an NVIDIA driver"))
     with pytest.raises(pynvml.NVMLError_LibraryNotFound):
         pynvml.nvmlInit()
     assert gpu_inventory() == []
@@ -175,3 +176,26 @@ def test_nvml_call_isolates_errors():
     assert nvml.nvml_call(boom) is None
     assert nvml.nvml_call(None) is None
     assert nvml.nvml_call(lambda x: x + 1, 1) == 2
+
+
+def test_only_nvml_errors_become_none():
+    """NVML's own errors (any NVMLError subclass) are "no answer"; a misspelt name or a wrong signature is a
+    bug and raises instead of becoming a silent None that a fake library would also pass."""
+    def lost(*_):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    assert nvml.nvml_call(lost) is None
+    assert nvml.nvml_call(None) is None  # a function this nvidia-ml-py lacks (getattr default)
+
+    def typo(*_):
+        return pynvml.nvmlDeviceGetMemoryInfoo  # AttributeError
+
+    with pytest.raises(AttributeError):
+        nvml.nvml_call(typo)
+    with pytest.raises(TypeError):
+        nvml.nvml_call(lambda handle: handle)  # called without its handle
+
+
+def test_a_fake_init_error_that_is_not_nvmls_raises():
+    with pytest.raises(RuntimeError):
+        gpu_inventory(FakeNVML(init_error=RuntimeError("a bug, not a missing driver")))

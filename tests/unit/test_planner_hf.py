@@ -1,6 +1,7 @@
 """The planner with Hugging Face models: counted from a config on the meta device (nothing downloaded, no
 weights), and frozen parameters (a PEFT/LoRA run's base model) counted as frozen: no gradients, no
 optimizer state for them."""
+import importlib
 import json
 
 import pytest
@@ -10,9 +11,9 @@ from raytrain.cli.main import main as cli
 from raytrain.planner import memory
 from raytrain.planner.memory import Config, estimate, model_states
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
+torch = importlib.import_module("torch")
+transformers = importlib.import_module("transformers")
+peft = importlib.import_module("peft")
 
 from raytrain.planner import meta  # noqa: E402
 

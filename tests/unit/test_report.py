@@ -85,3 +85,19 @@ def test_the_progress_line_shows_fp16_loss_scaling():
     line = describe_metrics({"step": 2, "loss": 2.5, "loss_scale": 65536.0, "skipped_steps": 0})
     assert line.endswith("loss scale 65536"), line
     assert "loss scale" not in describe_metrics({"step": 2, "loss": 2.5})  # bf16/fp32: nothing to scale
+
+
+def test_a_loss_scale_that_raises_is_not_swallowed():
+    """An fp16 engine whose optimizer raises on ``loss_scale`` (a DeepSpeed that renamed what it reads) fails
+    loudly instead of reporting no loss scale at all."""
+    from raytrain.runtime.reporter import loss_scaling
+
+    class Broken:
+        @property
+        def loss_scale(self):
+            return self.loss_scaler.cur_scale  # no loss_scaler: AttributeError
+
+    engine = _FP16Engine()
+    engine.optimizer = Broken()
+    with pytest.raises(AttributeError):
+        loss_scaling(engine)

@@ -52,3 +52,22 @@ def test_piped_progress_lines_carry_the_eta():
         for step in (1, 2):
             printer.on_text(format_event("metrics", step=step, total_steps=4, loss=1.0, step_time_s=1.0) + "\n")
     assert "step 2/4  loss 1.0000  1000 ms/step  ETA 0:02" in buf.getvalue()
+
+
+def test_one_peak_table_for_raytrain_and_bench():
+    """H100 PCIe is 756 TFLOP/s dense bf16 (SXM 989): a more specific name wins, and bench/gpu_mfu.py reads
+    the same table (it once had its own, which disagreed)."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    assert peak_tflops("NVIDIA H100 PCIe") == 756.0 and peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_tflops("NVIDIA H100 NVL") == 835.0 and peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA L4") == 121.0 and peak_tflops("NVIDIA L40") == 181.0
+    spec = importlib.util.spec_from_file_location("gpu_mfu_for_peaks", ROOT / "bench" / "gpu_mfu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert not hasattr(bench, "PEAK_BF16")
+    for name in ("NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "Some GPU"):
+        expected = peak_tflops(name)
+        assert bench.peak_flops(name) == (expected * 1e12 if expected else None)

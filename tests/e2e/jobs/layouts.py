@@ -6,7 +6,9 @@ the same global batch in every layout: sample i of step s is drawn from seed (s,
 rank takes its micro-batches' share of it. With ``--pp`` the same layers go through ``ctx.pipeline``.
 
 Every step reports the global mean loss; the end reports ``probe_loss``, the loss of the final parameters on
-a fixed probe batch (the final parameters, compared through what they compute, whatever their sharding).
+a fixed probe batch (the final parameters, compared through what they compute, whatever their sharding), and
+``block_forwards_per_micro``: how many times each of this rank's blocks ran forward per training micro-batch
+(counted by forward pre-hooks on the engine's own modules): 1, or 2 where activation checkpointing recomputes it.
 """
 import argparse
 
@@ -108,8 +110,15 @@ def train(ctx):
             with torch.no_grad():
                 return world_mean(loss_fn(engine(probe[0].to(ctx.device, ctx.dtype)), probe[1].to(ctx.device)))
 
+    forwards = [0]
+    blocks = [m for m in engine.module.modules() if isinstance(m, Block)]
+    for block in blocks:
+        # a pre-hook: torch's non-reentrant recompute stops once it has what backward needs, before the
+        # forward hooks would run
+        block.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     for step in range(args.steps):
         metrics = {"loss": train_step(step)}
         if step + 1 == args.steps:
+            metrics["block_forwards_per_micro"] = forwards[0] / (len(blocks) * args.steps * ctx.grad_accum)
             metrics["probe_loss"] = probe_loss()
         ctx.report(metrics)
