@@ -31,6 +31,8 @@ DATASET = "dataset"  # driver: a --data dataset is ready (name, rows after prepr
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 STOPPED = "stopped"  # driver: SIGTERM (`jobs stop`, or its cluster stopping) ends the job
+HANG = "hang"  # driver: no rank finished a step for the hang timeout; one line per rank (raytrain.hang)
+STACKS = "stacks"  # `jobs stack`'s utility job: every rank's stacks now
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -100,6 +102,7 @@ class JobFacts:
     finished: dict | None = None
     error: dict | None = None
     stopped: dict | None = None
+    hang: dict | None = None  # the latest hang event, until a step is reported after it
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -120,6 +123,7 @@ class JobFacts:
         elif kind == METRICS:
             self.metrics.append(event)
             self.restarting = False
+            self.hang = None
         elif kind == RESTARTING:
             self.restarts += 1
             self.restarting = True
@@ -143,10 +147,15 @@ class JobFacts:
             self.error = event
         elif kind == STOPPED:
             self.stopped = event
+        elif kind == HANG:
+            self.hang = event
 
     def warnings(self) -> list[str]:
-        """What the job's workers could not measure: a memory sampler that failed (its peaks stop there)."""
-        return [
+        """A hang's line per rank (until a step is reported after it); what the job's workers could not measure:
+        a memory sampler that failed (its peaks stop there)."""
+        hung = [f"hung: no step finished for {self.hang.get('idle_s', 0):.0f} s ({self.hang.get('action')}): {line}"
+                for line in self.hang.get("lines") or []] if self.hang else []
+        return hung + [
             f"memory sampler failed on rank {rank}: {m['sampler_error']} (memory peaks cover the samples before it)"
             for rank, m in sorted(self.memory.items()) if m.get("sampler_error")
         ]

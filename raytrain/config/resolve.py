@@ -192,6 +192,16 @@ def _or_default(opts: Options, name: str):
     return DEFAULTS[name] if value is None else value
 
 
+def _hang_options(opts: Options, max_failures: int) -> tuple[float | None, str]:
+    """--hang-timeout (None: from the step time) and --on-hang; a restart needs --max-failures."""
+    hang_timeout_s = None if opts.hang_timeout is None else check_number("hang_timeout", opts.hang_timeout, 0, strict=False)
+    on_hang = opts.on_hang or DEFAULTS["on_hang"]
+    if on_hang == "restart" and max_failures == 0:
+        raise ConfigError("--on-hang restart: restarts count toward --max-failures, which is 0; add --max-failures N "
+                          "(N >= 1)", flag="--on-hang")
+    return hang_timeout_s, on_hang
+
+
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
     job = check_job_file(opts.job, script=opts.script, args=list(opts.job_args or []))
@@ -208,6 +218,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     max_failures = max_failures_for(opts.max_failures, min_workers, workers)
     timeout_s = check_number("timeout", _or_default(opts, "timeout"), 0, strict=True)
     start_timeout_s = check_number("start_timeout", _or_default(opts, "start_timeout"), 0, strict=False)
+    hang_timeout_s, on_hang = _hang_options(opts, max_failures)
     interface = _interface(opts.interface)
     datasets, prefetch = _data(opts, job)
     track = parse_trackers(opts.track)
@@ -248,5 +259,6 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
         interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,
+        hang_timeout_s=hang_timeout_s, on_hang=on_hang,
         prefetch=prefetch, track=track, mlflow_uri=opts.mlflow_uri, track_args=bool(opts.track_args),
     )

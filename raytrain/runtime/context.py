@@ -9,7 +9,7 @@ from typing import Any
 
 from raytrain import settings, timings
 from raytrain.config.plan import Plan
-from raytrain.runtime import hf_model
+from raytrain.runtime import heartbeat, hf_model
 from raytrain.runtime.checkpointer import Checkpointer
 from raytrain.runtime.data import Position, ShardBatches
 from raytrain.runtime.engine import build_engine
@@ -161,6 +161,7 @@ class TrainContext:
             model_parameters=model_parameters,
             **kwargs,
         )
+        heartbeat.instrument(self.engine)  # phase marks (forward, backward, step) for the hang watchdog
         self._restore()
         timings.emit("engine_built", rank=self.rank)
         return self.engine
