@@ -339,6 +339,8 @@ def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") ->
 
         run_name = run_name or settings.get("RAYTRAIN_RUN_NAME") or plan.name
         ctx._reporter.trackers = trackers.start(plan, rank=ctx.rank, run_name=run_name, log=ctx.log)
+        if ctx._reporter.trackers is not None:  # a hang's summary reaches the trackers too
+            heartbeat.ON_HANG.append(ctx._reporter.trackers.note)
     interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
     if interval > 0:
         ctx.start_monitor(interval)

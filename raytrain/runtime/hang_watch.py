@@ -32,12 +32,16 @@ class Board:
         self.request = 0
         self.answers: dict[int, dict] = {}  # rank -> its stack report for self.request
         self.exiting: set[int] = set()  # pids told to exit (--on-hang restart)
+        self.hang: dict | None = None  # the latest hang's summary: rank 0 notes it in --track's trackers
 
     def beat(self, beat: dict) -> dict:
         if beat.get("pid") in self.exiting:
             return {"exit": True}
         self.beats[int(beat["rank"])] = {**beat, "seen": time.time()}
-        return {"stacks": self.request}
+        return {"stacks": self.request, **({"hang": self.hang} if self.hang else {})}
+
+    def hung(self, summary: dict) -> None:
+        self.hang = {**summary, "seq": (self.hang or {}).get("seq", 0) + 1}
 
     def stacks(self, rank: int, request: int, report: dict) -> None:
         if request == self.request:
@@ -130,6 +134,10 @@ class Watchdog(threading.Thread):
         then = {"report": "reporting", "restart": "restarting the workers", "fail": "failing the job"}[action]
         emit(events.HANG, idle_s=round(idle, 1), timeout_s=round(timeout, 1), action=then, ranks=summary,
              lines=self.summary)
+        import ray
+
+        ray.get(self.board.hung.remote({"idle_s": round(idle, 1), "action": then, "lines": self.summary}),
+                timeout=CALL_TIMEOUT_S)
 
 
 def start_watchdog(plan: Any, fail: Callable[[str], None]) -> tuple[Any, Watchdog | None]:

@@ -51,6 +51,7 @@ class State:
 
 
 STATE = State()
+ON_HANG: list = []  # rank 0: callables given each new hang summary (--track's trackers note it)
 
 
 def capture_stacks(training_ident: int | None = None) -> list[dict[str, Any]]:
@@ -97,7 +98,7 @@ class Beat(threading.Thread):
     def run(self) -> None:
         import ray
 
-        answered = 0
+        answered, hang_seen = 0, 0
         while not self.stopped.is_set():
             try:
                 beat = {**STATE.snapshot(), "rank": self.rank, "node": self.node, "pid": os.getpid()}
@@ -106,6 +107,11 @@ class Beat(threading.Thread):
                     sys.stderr.write("raytrain: the hang watchdog restarts the workers\n")
                     sys.stderr.flush()
                     os._exit(1)
+                hung = reply.get("hang") or {}
+                if hung.get("seq", 0) > hang_seen:
+                    hang_seen = hung["seq"]
+                    for listener in ON_HANG:
+                        listener({"hang": {k: v for k, v in hung.items() if k != "seq"}})
                 request = int(reply.get("stacks") or 0)
                 if request > answered:
                     answered = request

@@ -283,6 +283,11 @@ class Trackers:
     def report(self, metrics: dict[str, Any]) -> None:
         self.queue.put(("metrics", dict(metrics)))
 
+    def note(self, summary: dict[str, Any]) -> None:
+        """A note mid-run (the hang watchdog's summary): each tracker's summary (MLflow tags, W&B summary,
+        TensorBoard text), queued like a report."""
+        self.queue.put(("note", dict(summary)))
+
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until every queued report is logged: before a checkpoint (the restore point: no step at or
         below it may be lost when a worker dies) and when training raised."""
@@ -301,6 +306,10 @@ class Trackers:
                 if kind == "finish":
                     self._finish(data)
                     return
+                if kind == "note":
+                    for tracker in self.active:
+                        self._call(tracker, "summary", data, self._step)
+                    continue
                 self._log(data)
             finally:
                 self.queue.task_done()

@@ -177,3 +177,17 @@ def test_options(tmp_path):
         resolve(Options(job=str(job), hang_timeout=-1.0))
     with pytest.raises(ConfigError, match="--on-hang restart.*--max-failures"):
         resolve(Options(job=str(job), on_hang="restart"))
+
+
+def test_a_hang_summary_is_noted_in_the_trackers(tmp_path):
+    from tests.unit.test_trackers import mlflow_runs, plan, run_attempt
+
+    p = plan(tmp_path, ["mlflow"])
+    t = run_attempt(p, range(1, 4))
+    t.note({"hang": {"idle_s": 21.0, "lines": ["rank 1: not in a collective: in stuck (job.py:15) for 22 s"]}})
+    t.flush(timeout_s=60)
+    runs, _ = mlflow_runs(p)
+    tags = runs[0].data.tags
+    assert tags["summary.hang.idle_s"] == "21.0", tags
+    assert "stuck (job.py:15)" in tags["summary.hang.lines"], tags
+    t.finish({})
