@@ -94,15 +94,16 @@ class Watchdog(threading.Thread):
     on ``--on-hang``. ``fail(reason)`` ends the job (the driver's)."""
 
     def __init__(self, board: Any, *, option: float | None, on_hang: str, collective_timeout_s: float,
-                 world_size: int, fail: Callable[[str], None]):
+                 fail: Callable[[str], None]):
         super().__init__(name="raytrain-hang-watchdog", daemon=True)
         self.board, self.option, self.on_hang = board, option, on_hang
-        self.collective_timeout_s, self.world_size, self.fail = collective_timeout_s, world_size, fail
+        self.collective_timeout_s, self.fail = collective_timeout_s, fail
         self.stopped = threading.Event()
         self.summary: list[str] = []  # the last hang's lines: a failure's reason
 
     def run(self) -> None:
         reported_at: float | None = None  # the step time of the hang already reported
+        said = ""
         while not self.stopped.wait(POLL_S):
             try:
                 import ray
@@ -116,7 +117,7 @@ class Watchdog(threading.Thread):
                 if action is None:
                     continue
                 if not reported:
-                    self.report(idle, timeout, action)
+                    self.report(idle, timeout, action, ranks=max(len(beats), 1))
                     reported_at = last
                 if action == "restart":
                     ray.get(self.board.restart.remote(), timeout=CALL_TIMEOUT_S)
@@ -125,11 +126,15 @@ class Watchdog(threading.Thread):
                     self.fail("hung: no step finished for {:.0f} s; {}".format(idle, "; ".join(self.summary)))
                     return
             except Exception as exc:  # noqa: BLE001 (a slow board: the next poll tries again)
-                print(f"raytrain: hang watchdog: {type(exc).__name__}: {exc}", file=sys.stderr)
+                problem = f"raytrain: hang watchdog: {type(exc).__name__}: {exc}"
+                if problem != said:  # once per distinct problem, not every poll
+                    said = problem
+                    print(problem, file=sys.stderr)
 
-    def report(self, idle: float, timeout: float, action: str) -> None:
-        reports = collect_stacks(self.board, self.world_size)
-        summary = hang.summarize(reports, time.time(), self.world_size)
+    def report(self, idle: float, timeout: float, action: str, ranks: int) -> None:
+        """``ranks``: how many ranks beat in this worker group (an elastic group may be smaller than the plan's)."""
+        reports = collect_stacks(self.board, ranks)
+        summary = hang.summarize(reports, time.time(), ranks)
         self.summary = hang.lines(summary)
         then = {"report": "reporting", "restart": "restarting the workers", "fail": "failing the job"}[action]
         emit(events.HANG, idle_s=round(idle, 1), timeout_s=round(timeout, 1), action=then, ranks=summary,
@@ -146,7 +151,7 @@ def start_watchdog(plan: Any, fail: Callable[[str], None]) -> tuple[Any, Watchdo
     if plan.hang_timeout_s == 0:
         return board, None
     dog = Watchdog(board, option=plan.hang_timeout_s, on_hang=plan.on_hang, collective_timeout_s=plan.timeout_s,
-                   world_size=plan.scaling.num_workers, fail=fail)
+                   fail=fail)
     dog.start()
     return board, dog
 
