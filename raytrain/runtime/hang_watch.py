@@ -115,6 +115,8 @@ class Watchdog(threading.Thread):
                     time.time(), beats, option=self.option, on_hang=self.on_hang,
                     collective_timeout_s=self.collective_timeout_s, reported=reported)
                 if action is None:
+                    if last is not None and not reported:  # steps again: an earlier hang is no failure's reason
+                        self.summary = []
                     continue
                 if not reported:
                     self.report(idle, timeout, action, ranks=max(len(beats), 1))
