@@ -130,9 +130,10 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = tempfile.mktemp(suffix=".json")
-    mp.spawn(worker, args=(args, port, out), nprocs=2, join=True)
-    result = json.loads(Path(out).read_text())
+    with tempfile.TemporaryDirectory() as folder:
+        out = str(Path(folder) / "result.json")
+        mp.spawn(worker, args=(args, port, out), nprocs=2, join=True)
+        result = json.loads(Path(out).read_text())
     off, on = statistics.median(result["off"]), statistics.median(result["on"])
     paired = statistics.median(a / b for a, b in zip(result["on"], result["off"]))
     marks = training_thread_cost_us()

@@ -71,3 +71,14 @@ def test_on_hang_restart_finishes_as_a_clean_run(e2e_env):
     assert clean.returncode == 0, clean.stdout + clean.stderr
     params = [e2e_env.facts(job_id_of(p.stdout + p.stderr)).last_metrics["params"] for p in (restarted, clean)]
     assert params[0] == params[1], params
+
+
+def test_on_hang_fail_ends_the_job_with_the_summary_as_its_reason(e2e_env):
+    proc = e2e_env("submit", JOB, *FLAGS, "--on-hang", "fail", timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    job = job_id_of(out)
+    error = e2e_env.facts(job).error
+    assert error["type"] == "Hang" and "stuck_loader" in error["message"] and SLEEP_LINE in error["message"], error
+    status = e2e_env.json("jobs", "status", job)
+    assert status["state"] == "failed", status
