@@ -34,6 +34,8 @@ FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 STOPPED = "stopped"  # driver: SIGTERM (`jobs stop`, or its cluster stopping) ends the job
 ENGINE = "engine"  # rank 0: what DeepSpeed built (ZeRO stage, offload, tp/pp/dp sizes, batch), read from the engine
+HANG = "hang"  # driver: no rank finished a step for the hang timeout; one line per rank (raytrain.hang)
+STACKS = "stacks"  # `jobs stack`'s utility job: every rank's stacks now
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -106,6 +108,7 @@ class JobFacts:
     finished: dict | None = None
     error: dict | None = None
     stopped: dict | None = None
+    hang: dict | None = None  # the latest hang event, until a step is reported after it
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -126,6 +129,7 @@ class JobFacts:
         elif kind == METRICS:
             self.metrics.append(event)
             self.restarting = False
+            self.hang = None
         elif kind == RESTARTING:
             self.restarts += 1
             self.restarting = True
@@ -155,11 +159,16 @@ class JobFacts:
             self.error = event
         elif kind == STOPPED:
             self.stopped = event
+        elif kind == HANG:
+            self.hang = event
 
     def warnings(self) -> list[str]:
-        """What the job's workers could not measure or keep: a memory sampler that failed (its peaks stop
-        there), a tracker that was dropped (its run stops there), a rank log the storage did not take."""
-        return [
+        """A hang's line per rank (until a step is reported after it); what the job's workers could not measure
+        or keep: a memory sampler that failed (its peaks stop there), a tracker that was dropped (its run stops
+        there), a rank log the storage did not take."""
+        hung = [f"hung: no step finished for {self.hang.get('idle_s', 0):.0f} s ({self.hang.get('action')}): {line}"
+                for line in self.hang.get("lines") or []] if self.hang else []
+        return hung + [
             f"memory sampler failed on rank {rank}: {m['sampler_error']} (memory peaks cover the samples before it)"
             for rank, m in sorted(self.memory.items()) if m.get("sampler_error")
         ] + [f"--track {name} was dropped: {why}" for name, why in sorted(self.trackers_dropped.items())] + [

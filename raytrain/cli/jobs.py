@@ -1,4 +1,4 @@
-"""`raytrain jobs list|status|logs|stop`."""
+"""`raytrain jobs list|status|logs|stack|stop`."""
 from __future__ import annotations
 
 import contextlib
@@ -238,3 +238,34 @@ def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | N
 def stop(job_id, address, wait, **k8s):
     """Stop a job and free its workers (--k8s: suspend or delete the RayJob)."""
     click.echo(_target(address, k8s).stop_and_wait(job_id, wait=wait))
+
+
+@jobs.command()
+@click.argument("job_id", shell_complete=complete_job_id)
+@address_option
+@click.option("--json", "as_json", is_flag=True, help="Every rank's threads and frames as JSON.")
+@target_options
+@handle_errors
+def stack(job_id, address, as_json, **k8s):
+    """Every rank's Python stack now (all threads), like py-spy dump on every worker at once; a summary line per
+    rank first (in a collective or not, where, for how long). Local cluster, --address and --k8s --cluster
+    (a short job on the job's cluster); not a RayJob (--k8s alone)."""
+    from raytrain import hang
+
+    target = _target(address, k8s)
+    if target.kind == "kuberay":
+        raise ConfigError(f"jobs stack {job_id} --k8s: a RayJob's cluster runs no other job; use --k8s --cluster "
+                          "NAME for jobs on a RayCluster", flag="--k8s")
+    event = target.run_utility("raytrain.runtime.hang_watch", events.STACKS, timeout_s=60.0, args=(job_id,))
+    if as_json:
+        print_json({"job": job_id, "ranks": event.get("ranks") or [], "summary": event.get("summary") or [],
+                    **({"message": event["message"]} if event.get("message") else {})})
+        return
+    if event.get("message"):
+        raise ClusterError(event["message"])
+    for line in hang.lines(event.get("summary") or []):
+        click.echo(line)
+    for report in event.get("ranks") or []:
+        click.echo("")
+        for line in hang.format_stack(report):
+            click.echo(line)

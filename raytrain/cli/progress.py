@@ -267,6 +267,12 @@ class ProgressPrinter:
         elif kind == events.CLEANED and event.get("groups"):
             self.console.print(f"raytrain: removed {len(event['groups'])} placement group(s) that ended jobs "
                                "leaked", markup=False, highlight=False)
+        elif kind == events.HANG:
+            self.console.print(f"raytrain: hung: no step finished for {event.get('idle_s', 0):.0f} s "
+                               f"(hang timeout {event.get('timeout_s', 0):.0f} s); {event.get('action', '')}:",
+                               markup=False, highlight=False, soft_wrap=True)
+            for line in event.get("lines") or []:
+                self.console.print(f"raytrain:   {line}", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.RESTARTING:
             self.console.print(f"raytrain: workers restarting: {event.get('reason', '')}", markup=False)
         elif kind == events.PREFLIGHT:

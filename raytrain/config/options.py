@@ -171,6 +171,16 @@ class Options:
         "CPUs/GPUs; until then the job is pending and says what it waits for. 0: wait forever. Default {default}.",
         type=float, metavar="SECONDS", default=600.0,
     )
+    hang_timeout: float | None = option(  # seconds without a finished step on any rank; None: from the step time
+        "Call the job hung when no rank has finished a step for SECONDS: every rank's stack is captured and "
+        "summarised (docs/hangs.md). Default: the larger of 10 x the median step and 120 s. 0: no watchdog.",
+        type=float, metavar="SECONDS",
+    )
+    on_hang: str | None = option(
+        "What a hang does: report (the summary; the job fails at --timeout with it as the reason), restart "
+        "(from the latest checkpoint; counts toward --max-failures) or fail (at once). Default {default}.",
+        choices=("report", "restart", "fail"), default="report",
+    )
     tp: int | None = option("Tensor-parallel size (DeepSpeed AutoTP). Default {default}.", type=int, default=1)
     pp: int | None = option("Pipeline stages (the job calls ctx.pipeline). Default {default}.", type=int, default=1)
     pp_partition: str | None = option(

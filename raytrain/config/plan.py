@@ -59,6 +59,8 @@ class Plan:
     interface: str | None = None  # the network interface every worker must use (--interface)
     timeout_s: float = DEFAULTS["timeout"]  # torch.distributed process-group timeout (--timeout)
     start_timeout_s: float = DEFAULTS["start_timeout"]  # how long the workers may wait to be placed
+    hang_timeout_s: float | None = None  # --hang-timeout: None = from the step time, 0 = no watchdog
+    on_hang: str = DEFAULTS["on_hang"]  # --on-hang: report, restart, fail
     data: list[dict[str, str]] = field(default_factory=list)  # --data: [{"name", "path", "format"}]
     prefetch: int = DEFAULTS["prefetch"]  # --prefetch: batches ctx.dataset prepares ahead
     data_timeout_s: float = DEFAULTS["data_timeout"]  # --data-timeout: a dataset's feed may stall this long

@@ -192,6 +192,29 @@ def _or_default(opts: Options, name: str):
     return DEFAULTS[name] if value is None else value
 
 
+def _hang_options(opts: Options, max_failures: int) -> tuple[float | None, str]:
+    """--hang-timeout (None: from the step time) and --on-hang; a restart needs --max-failures."""
+    hang_timeout_s = None if opts.hang_timeout is None else check_number("hang_timeout", opts.hang_timeout, 0, strict=False)
+    on_hang = opts.on_hang or DEFAULTS["on_hang"]
+    if on_hang == "restart" and max_failures == 0:
+        raise ConfigError("--on-hang restart: restarts count toward --max-failures, which is 0; add --max-failures N "
+                          "(N >= 1)", flag="--on-hang")
+    return hang_timeout_s, on_hang
+
+
+def _trackers(opts: Options, job: JobFile) -> list[str]:
+    track = parse_trackers(opts.track)
+    if track and job.mode == "script":
+        raise ConfigError(f"--track {track[0]}: script mode reports no metrics (no ctx.report); write a "
+                          "train(ctx) job to track it", flag="--track")
+    if opts.mlflow_uri and "mlflow" not in track:
+        raise ConfigError(f"--mlflow-uri {redact.text(opts.mlflow_uri)}: add --track mlflow to log to it",
+                          flag="--mlflow-uri")
+    if opts.track_args and not track:
+        raise ConfigError("--track-args: add --track NAME to log the job's arguments to a tracker", flag="--track-args")
+    return track
+
+
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
     job = check_job_file(opts.job, script=opts.script, args=list(opts.job_args or []))
@@ -208,17 +231,10 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     max_failures = max_failures_for(opts.max_failures, min_workers, workers)
     timeout_s = check_number("timeout", _or_default(opts, "timeout"), 0, strict=True)
     start_timeout_s = check_number("start_timeout", _or_default(opts, "start_timeout"), 0, strict=False)
+    hang_timeout_s, on_hang = _hang_options(opts, max_failures)
     interface = _interface(opts.interface)
     datasets, prefetch = _data(opts, job)
-    track = parse_trackers(opts.track)
-    if track and job.mode == "script":
-        raise ConfigError(f"--track {track[0]}: script mode reports no metrics (no ctx.report); write a "
-                          "train(ctx) job to track it", flag="--track")
-    if opts.mlflow_uri and "mlflow" not in track:
-        raise ConfigError(f"--mlflow-uri {redact.text(opts.mlflow_uri)}: add --track mlflow to log to it",
-                          flag="--mlflow-uri")
-    if opts.track_args and not track:
-        raise ConfigError("--track-args: add --track NAME to log the job's arguments to a tracker", flag="--track-args")
+    track = _trackers(opts, job)
 
     tp = check_int("tp", _or_default(opts, "tp"), 1)
     pp = check_int("pp", _or_default(opts, "pp"), 1)
@@ -248,6 +264,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
         interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,
+        hang_timeout_s=hang_timeout_s, on_hang=on_hang,
         prefetch=prefetch, track=track, mlflow_uri=opts.mlflow_uri, track_args=bool(opts.track_args),
         data_timeout_s=check_number("data_timeout", _or_default(opts, "data_timeout"), 0, strict=False),
     )

@@ -60,6 +60,9 @@ class Checkpointer:
         the latest for restarts and ``Result.metrics``); rank 0 then emits the checkpoint event."""
         import ray.train
 
+        from raytrain.runtime import heartbeat
+
+        heartbeat.STATE.enter("checkpoint")
         step = int(metrics["step"])
         directory = checkpoint.save(
             engine, rank=self.rank, world_size=self.world_size, step=step, user_state=state, metrics=metrics,
@@ -71,6 +74,7 @@ class Checkpointer:
             shutil.rmtree(directory, ignore_errors=True)
         wait_until_registered()
         self.last_saved_step = step
+        heartbeat.STATE.enter("data")
         if self.rank == 0:
             events.emit(events.CHECKPOINT, step=step)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from raytrain import events, settings, timings
 from raytrain.config.plan import Plan
-from raytrain.runtime import hf_model
+from raytrain.runtime import heartbeat, hf_model
 from raytrain.runtime.checkpointer import Checkpointer
 from raytrain.runtime.data import Position, ShardBatches
 from raytrain.runtime.engine import build_engine, engine_facts
@@ -161,6 +161,7 @@ class TrainContext:
             model_parameters=model_parameters,
             **kwargs,
         )
+        heartbeat.instrument(self.engine)  # phase marks (forward, backward, step) for the hang watchdog
         self._restore()
         if self.is_main:
             events.emit(events.ENGINE, **engine_facts(self.engine))
@@ -348,6 +349,8 @@ def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") ->
 
         run_name = run_name or settings.get("RAYTRAIN_RUN_NAME") or plan.name
         ctx._reporter.trackers = trackers.start(plan, rank=ctx.rank, run_name=run_name, log=ctx.log)
+        if ctx._reporter.trackers is not None:  # a hang's summary reaches the trackers too
+            heartbeat.ON_HANG.append(ctx._reporter.trackers.note)
     interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
     if interval > 0:
         ctx.start_monitor(interval)

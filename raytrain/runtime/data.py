@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from raytrain.runtime import heartbeat
+
 _END = object()
 
 
@@ -398,6 +400,7 @@ class ShardBatches:
         items = self._prefetched(stop_epoch) if self.prefetch > 0 else self._produce(stop_epoch)
         while True:
             started = time.perf_counter()
+            heartbeat.STATE.enter("data")
             item = next(items, _END)
             self.wait_s += time.perf_counter() - started
             if item is _END:

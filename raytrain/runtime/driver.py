@@ -282,6 +282,25 @@ def record_when_stopped(plan: Plan, run_name: str) -> None:
     signal.signal(signal.SIGTERM, on_stop)
 
 
+def watch_hangs(plan: Plan, run_name: str):
+    """The job's board (heartbeats, `jobs stack`) and its hang watchdog; ``--on-hang fail`` (and ``report``
+    past the collective timeout) ends the job here: its error event says where every rank was."""
+    from raytrain.runtime import hang_watch
+
+    def fail(reason: str) -> None:
+        emit(events.ERROR, type="Hang", rank=None, message=reason)
+        end_trackers(plan, run_name, "failed")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_TRAINING_FAILED)  # fit() is blocked on the hung workers; they end with this driver's job
+
+    try:
+        return hang_watch.start_watchdog(plan, fail)
+    except Exception as exc:  # noqa: BLE001 (no board: training goes on without heartbeats)
+        print(f"raytrain: no hang watchdog: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None, None
+
+
 def main() -> int:
     from raytrain import run_record, timings
     from raytrain.runtime import early_imports, prompt_poll
@@ -387,6 +406,7 @@ def main() -> int:
     timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included
     watch = watch_placement(plan)
     record_when_stopped(plan, run_name)
+    board, dog = watch_hangs(plan, run_name)  # noqa: F841 (the board lives as long as this handle)
     try:
         with prompt_poll.installed():  # the controller polls the workers when they ask, else every 2 s
             result = trainer.fit()
@@ -397,11 +417,16 @@ def main() -> int:
             return EXIT_CANNOT_RUN
         if rank is None or settings.get("RAYTRAIN_VERBOSE"):  # a worker's: it printed it (runtime.worker_errors)
             traceback.print_exc()
-        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=_one_line(cause))
+        message = _one_line(cause)
+        if dog is not None and dog.summary:  # a reported hang ended in this failure (e.g. the collective timeout)
+            message = f"{message}; after a hang: {'; '.join(dog.summary)}"
+        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=message)
         end_trackers(plan, run_name, "failed")
         return EXIT_TRAINING_FAILED
     finally:
         watch.stopped.set()
+        if dog is not None:
+            dog.stopped.set()
     checkpoint = getattr(result, "checkpoint", None)
     emit(
         events.FINISHED,

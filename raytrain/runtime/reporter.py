@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from raytrain import events
+from raytrain.runtime import heartbeat
 
 MEMORY_EVENT_EVERY_S = 10.0
 
@@ -127,6 +128,7 @@ class Reporter:
         """One step's report: the metrics event (rank 0) and, at most every 10 s, a memory event. Returns the
         metrics as emitted. ``engine``: an fp16 engine's loss scale and skipped steps join the metrics."""
         clean = self.step_metrics(metrics, engine_step=engine_step, data_wait_s=data_wait_s)
+        heartbeat.STATE.step_finished(int(clean["step"]))
         for key, value in loss_scaling(engine).items():
             clean.setdefault(key, value)
         if self.rank == 0:

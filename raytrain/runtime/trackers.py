@@ -329,6 +329,13 @@ class Trackers:
     def active(self) -> list[Any]:
         return [slot.tracker for slot in self.slots if slot.dead is None and slot.tracker is not None]
 
+    def note(self, summary: dict[str, Any]) -> None:
+        """A note mid-run (the hang watchdog's summary): each tracker's summary (MLflow tags, W&B summary,
+        TensorBoard text), queued like a report."""
+        for slot in self.slots:
+            if slot.dead is None:
+                slot.queue.put(("note", dict(summary)))
+
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until every queued report is logged by every tracker still alive: before a checkpoint (the
         restore point: no step at or below it may be lost when a worker dies) and when training raised. A
@@ -394,6 +401,8 @@ class Trackers:
                 elif kind == "finish":
                     self._finish(slot, data)
                     return
+                elif kind == "note":
+                    self._call(slot, "summary", data, slot.step)
                 else:
                     self._log(slot, data)
             finally:

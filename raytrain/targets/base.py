@@ -276,8 +276,8 @@ class Target(abc.ABC):
     @abc.abstractmethod
     def list(self) -> list[JobInfo]: ...
 
-    def run_utility(self, module: str, event_kind: str, timeout_s: float = 120.0) -> dict:
-        """Run ``python -m MODULE`` as a short job and return the event it prints (e.g. GPU inventory)."""
+    def run_utility(self, module: str, event_kind: str, timeout_s: float = 120.0, args: tuple[str, ...] = ()) -> dict:
+        """Run ``python -m MODULE ARGS`` as a short job and return the event it prints (e.g. GPU inventory)."""
         raise ClusterError(f"running {module} is not supported on a {self.kind} target")
 
     # -- reaching it again ----------------------------------------------------------------------------------

@@ -378,8 +378,9 @@ class RayJobsTarget(Target):
             )
         return f"; its workers and placement groups are gone{removed}"
 
-    def run_utility(self, module: str, event_kind: str, timeout_s: float = 120.0) -> dict:
-        """Run ``python -m MODULE`` as a short Ray job and return the event it prints (e.g. GPU inventory)."""
+    def run_utility(self, module: str, event_kind: str, timeout_s: float = 120.0, args: tuple[str, ...] = ()) -> dict:
+        """Run ``python -m MODULE ARGS`` as a short Ray job and return the event it prints (e.g. GPU inventory)."""
+        import shlex
         import time
 
         from raytrain.events import parse_line
@@ -389,7 +390,7 @@ class RayJobsTarget(Target):
             runtime_env["py_modules"] = [str(Path(raytrain.__file__).parent)]
         job_id = new_submission_id(module.rsplit(".", 1)[-1])
         self.client.submit_job(
-            entrypoint=f"{self.python} -m {module}", submission_id=job_id, runtime_env=runtime_env,
+            entrypoint=" ".join([self.python, "-m", module, *map(shlex.quote, args)]), submission_id=job_id, runtime_env=runtime_env,
             metadata={"raytrain-utility": module},
         )
         deadline = time.monotonic() + timeout_s
