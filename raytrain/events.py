@@ -31,6 +31,8 @@ DATASET = "dataset"  # driver: a --data dataset is ready (name, rows after prepr
 FINISHED = "finished"  # driver: training returned; final metrics
 ERROR = "error"  # driver: training raised; message and exception type
 STOPPED = "stopped"  # driver: SIGTERM (`jobs stop`, or its cluster stopping) ends the job
+SKIPPED = "skipped"  # rank 0: every rank skipped an optimizer step: a non-finite loss/gradients (runtime.guard)
+REFUSED = "checkpoint_refused"  # rank 0: a checkpoint was not written: the weights are non-finite
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -100,6 +102,8 @@ class JobFacts:
     finished: dict | None = None
     error: dict | None = None
     stopped: dict | None = None
+    skipped: list[dict] = field(default_factory=list)  # steps the non-finite guard skipped (step, message)
+    refused: list[dict] = field(default_factory=list)  # checkpoints not written (non-finite weights)
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -143,6 +147,10 @@ class JobFacts:
             self.error = event
         elif kind == STOPPED:
             self.stopped = event
+        elif kind == SKIPPED:
+            self.skipped.append(event)
+        elif kind == REFUSED:
+            self.refused.append(event)
 
     def warnings(self) -> list[str]:
         """What the job's workers could not measure: a memory sampler that failed (its peaks stop there)."""
