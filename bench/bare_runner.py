@@ -118,6 +118,10 @@ def main(argv: list[str]) -> int:
                  logging_level="ERROR", configure_logging=False)
         print(f"bare_runner: rank {os.environ.get('RANK', 0)} is a Ray driver of {ray_address}", flush=True)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=10))
+    if os.environ.get("BARE_RUNNER_NO_GUARD"):  # overhead.py --guards-ab's "off" side: the engine without guards
+        from raytrain.runtime import guard
+
+        guard.install = lambda engine, **kw: None
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     ctx = BareContext(plan, rank=rank, local_rank=local_rank, world_size=world, monitor_interval=interval)
     if rank == 0:
