@@ -5,14 +5,19 @@ overflow check, ZeRO-0's client optimizer applies it and the weights turn NaN). 
 before DeepSpeed's optimizer step, and makes the skip the same everywhere:
 
 - each rank notes, without a host sync, whether a loss it back-propagated (``engine.backward``; a pipeline's
-  last stage: the losses of the batch) or a gradient of its parameters (a hook on each, the local gradient
-  before any reduction) was non-finite;
+  last stage: the losses of the batch) was non-finite;
 - at the accumulation boundary every rank joins one all-reduce of a ``world_size`` vector (each rank's code
-  in its slot) on the job's process group: all ranks see the same verdict, and who saw what;
+  in its slot) on the job's process group: all ranks see the same verdict, and who saw what. Without ZeRO
+  the code also says whether the (reduced) gradients are non-finite: nothing else checks them there. Under
+  ZeRO 1-3 DeepSpeed's optimizer computes the global gradient norm and skips a step whose norm is non-finite,
+  agreed over every rank; the guard reports that skip (``non-finite gradients``);
 - a bad step runs DeepSpeed's own ``_take_model_step`` with the innermost torch optimizer's ``step`` made a
   no-op and no LR scheduler step: the gradients are cleared the way each layout clears them, the weights and
   the optimizer state stay as they were, ``global_steps`` counts the step and ``skipped_steps`` counts the skip
   (what DeepSpeed's own overflow skip leaves).
+
+A per-gradient check as each gradient is computed would name the rank of a gradient-only problem, but costs a
+pass over every gradient per micro-batch; the loss names the rank in the common case (a bad sample).
 
 The guard is installed on every engine raytrain builds (``ctx.deepspeed``, ``ctx.pipeline``, script mode's
 ``deepspeed.initialize``).
@@ -29,13 +34,12 @@ LOSS, GRADIENTS = 1, 2  # bits of a rank's code
 def describe(step: int, codes: list[int]) -> str:
     """``step 6 skipped: non-finite loss on rank 1`` from each rank's code (index = rank)."""
     loss = [r for r, c in enumerate(codes) if c & LOSS]
-    grads = [r for r, c in enumerate(codes) if c & GRADIENTS and not c & LOSS]
-    parts = []
-    if loss:
-        parts.append(f"non-finite loss on {_ranks(loss)}")
+    if loss:  # reduced gradients are non-finite on every rank then: the loss names where it started
+        return f"step {step} skipped: non-finite loss on {_ranks(loss)}"
+    grads = [r for r, c in enumerate(codes) if c & GRADIENTS]
     if grads:
-        parts.append(f"non-finite gradients on {_ranks(grads)}")
-    return f"step {step} skipped: " + "; ".join(parts)
+        return f"step {step} skipped: non-finite gradients on {_ranks(grads)}"
+    return f"step {step} skipped: non-finite gradients (DeepSpeed's optimizer found a non-finite gradient norm)"
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -88,8 +92,8 @@ class StepGuard:
         self.device = getattr(engine, "device", None) or torch.device("cpu")
         self.skipped: list[dict] = []
         self._loss_flags: list[Any] = []
-        self._grad_flags: list[Any] = []
-        self._hooks: list[Any] = []
+        zero = getattr(engine, "zero_optimization_stage", None)
+        self.zero_stage = int(zero()) if callable(zero) else 0
 
     # -- noting (no host sync) ---------------------------------------------------------------------------
     def note_loss(self, loss: Any) -> None:
@@ -102,11 +106,20 @@ class StepGuard:
 
             self._loss_flags.append(torch.tensor(not math.isfinite(float(loss))))
 
-    def note_gradient(self, grad: Any) -> None:
+    def gradients_bad(self) -> Any:
+        """Without ZeRO: whether the module's (reduced) gradients are non-finite, as a 0-d tensor (or None)."""
         import torch
 
-        if grad is not None:
-            self._grad_flags.append(~torch.isfinite(grad).all())
+        if self.zero_stage:
+            return None
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        if not grads:
+            return None
+        try:
+            norms = torch._foreach_norm(grads)  # one fused pass on CUDA
+        except (AttributeError, RuntimeError, TypeError):
+            norms = [g.norm() for g in grads]
+        return ~torch.isfinite(torch.stack([n.float() for n in norms])).all()
 
     def local_code(self) -> Any:
         """This rank's code as a 0-d tensor (LOSS | GRADIENTS bits); clears what was noted."""
@@ -118,9 +131,10 @@ class StepGuard:
             self.note_loss(pipe_loss)
         if self._loss_flags:
             code = code + torch.stack([f.to(self.device) for f in self._loss_flags]).any().to(torch.int32) * LOSS
-        if self._grad_flags:
-            code = code + torch.stack([f.to(self.device) for f in self._grad_flags]).any().to(torch.int32) * GRADIENTS
-        self._loss_flags, self._grad_flags = [], []
+        grads_bad = self.gradients_bad()
+        if grads_bad is not None:
+            code = code + grads_bad.to(self.device).to(torch.int32) * GRADIENTS
+        self._loss_flags = []
         return code
 
     def agree(self) -> list[int]:
@@ -146,21 +160,18 @@ class StepGuard:
 
         def guarded_step(*args: Any, **kwargs: Any) -> Any:
             codes = self.agree()
-            if not any(codes):
-                return take_step(*args, **kwargs)
-            return self._skip(take_step, codes, *args, **kwargs)
+            if any(codes):
+                return self._skip(take_step, codes, *args, **kwargs)
+            step = int(getattr(engine, "global_steps", 0)) + 1
+            result = take_step(*args, **kwargs)
+            if getattr(engine.optimizer, "overflow", False):  # ZeRO's own agreed skip: a non-finite norm
+                self._record(step, codes)
+            return result
 
         engine.backward = guarded_backward
         engine._take_model_step = guarded_step
-        for param in engine.module.parameters():
-            if param.requires_grad:
-                self._hooks.append(param.register_hook(self._gradient_hook))
         engine._raytrain_guard = self
         return self
-
-    def _gradient_hook(self, grad: Any) -> None:
-        self.note_gradient(grad)
-        return None
 
     def _skip(self, take_step: Callable[..., Any], codes: list[int], *args: Any, **kwargs: Any) -> Any:
         engine = self.engine
@@ -175,13 +186,16 @@ class StepGuard:
             engine.lr_scheduler = scheduler
         engine.skipped_steps = skipped_before + 1  # once, whether or not DeepSpeed's own check also fired
         engine._step_applied = False
+        self._record(step, codes)
+        return result
+
+    def _record(self, step: int, codes: list[int]) -> None:
         message = describe(step, codes)
         record = {"step": step, "message": message,
                   "ranks": {str(r): _what(c) for r, c in enumerate(codes) if c}}
         self.skipped.append(record)
         if self.rank == 0:
             self.emit(events.SKIPPED, **record)
-        return result
 
 
 def _what(code: int) -> str:

@@ -1,7 +1,8 @@
 """The non-finite guard and honest endings (issue 37), on real engines.
 
 One ``inf`` input on rank 1 at step 6 (tests/e2e/jobs/nonfinite.py, the model and data of the layout tests):
-``--zero 0``, ``--zero 1``, ``--zero 3`` and ``--pp 2`` all skip step 6 on every rank, say so, and end with
+``--zero 0``, ``--zero 1``, ``--zero 3``, ``--pp 2``, ZeRO-2 with ``--offload optimizer`` and ``--tp 2`` all
+skip step 6 on every rank, say so, and end with
 the parameters (through their probe loss, as tests/e2e/test_equivalence.py compares layouts) of a clean run in
 which step 6 makes no update; every other step's loss matches that run's too. A job that ends reporting a
 NaN loss ends failed, exit 1, with the reason.
@@ -23,7 +24,12 @@ LAYOUTS = {
     "zero1": [*DP, "--zero", "1"],
     "zero3": [*DP, "--zero", "3"],
     "pp2": ["--workers", "2", "--pp", "2", "--micro-batch", "4", "--grad-accum", "2"],
+    "offload-optimizer": [*DP, "--zero", "2", "--offload", "optimizer"],
+    "tp2": ["--workers", "2", "--tp", "2", "--micro-batch", "4", "--grad-accum", "2"],
 }
+# where the bad sample's loss is computed: rank 1 with 2 data-parallel ranks and under --pp 2 (the last stage);
+# both ranks of one tensor-parallel group compute it
+SAID = {"tp2": "step 6 skipped: non-finite loss on ranks 0, 1"}
 
 
 def run(cli, flags, bad):
@@ -45,10 +51,11 @@ def clean(e2e_env):
 def test_inf_on_rank_1_skips_step_6_everywhere(cli, clean, name):
     proc, out = run(cli, LAYOUTS[name], "inf")
     assert proc.returncode == 0, out
-    assert "step 6 skipped: non-finite loss on rank 1" in out, out  # the terminal
+    said = SAID.get(name, "step 6 skipped: non-finite loss on rank 1")
+    assert said in out, out  # the terminal
     facts = cli.facts(job_id_of(out))
     assert [e["step"] for e in facts.skipped] == [6], facts.skipped
-    assert facts.skipped[0]["ranks"].get("1") == "loss", facts.skipped
+    assert facts.skipped[0]["message"] == said and facts.skipped[0]["ranks"]["1"] == "loss", facts.skipped
     metrics = facts.metrics
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), metrics  # the skip counts as a step
     assert metrics[-1]["skipped_steps"] == 1, metrics[-1]
@@ -58,7 +65,7 @@ def test_inf_on_rank_1_skips_step_6_everywhere(cli, clean, name):
         if m["step"] != BAD + 1:
             assert close(m["loss"], ref["loss"], FP32_TOL), (name, m, ref)
     status = cli("jobs", "status", job_id_of(out))
-    assert "step 6 skipped: non-finite loss on rank 1" in status.stdout, status.stdout
+    assert said in status.stdout, status.stdout
 
 
 def test_a_run_ending_with_a_nan_loss_fails(cli):

@@ -18,8 +18,11 @@ from raytrain.runtime import guard
 
 def test_the_verdict_names_the_step_and_the_ranks():
     assert guard.describe(6, [0, guard.LOSS]) == "step 6 skipped: non-finite loss on rank 1"
+    # gradients reduced across ranks are non-finite everywhere: the loss names where it started
     assert guard.describe(6, [guard.GRADIENTS, guard.LOSS | guard.GRADIENTS, guard.GRADIENTS]) == (
-        "step 6 skipped: non-finite loss on rank 1; non-finite gradients on ranks 0, 2")
+        "step 6 skipped: non-finite loss on rank 1")
+    assert guard.describe(6, [guard.GRADIENTS, guard.GRADIENTS]) == (
+        "step 6 skipped: non-finite gradients on ranks 0, 1")
 
 
 def test_no_update_block_leaves_weights_and_state_and_restores_step():
@@ -132,6 +135,39 @@ def test_two_ranks_agree_and_skip_a_step_only_rank_1_saw_as_non_finite(tmp_path)
             assert r["same"] and r["finite"], (rank, zero, r)
             assert r["global_steps"] == 2 and r["skipped_steps"] == 1 and r["lr_kept"], (rank, zero, r)
             assert r["moves_after"] and r["finite_after"], (rank, zero, r)
-            expected = [{"kind": "skipped", "step": 2, "message": "step 2 skipped: non-finite loss on rank 1",
-                         "ranks": {"1": "loss"}}]
-            assert r["emitted"] == (expected if rank == 0 else []), (rank, zero, r)
+            if rank == 0:
+                (event,) = r["emitted"]
+                assert event["kind"] == "skipped" and event["step"] == 2, (zero, event)
+                assert event["message"] == "step 2 skipped: non-finite loss on rank 1", (zero, event)
+                assert event["ranks"]["1"] == "loss", (zero, event)
+            else:
+                assert r["emitted"] == [], (rank, zero, r)
+
+
+def test_weights_check_reads_zero3_partitions():
+    model = torch.nn.Linear(2, 2)
+    assert guard.local_weights_finite(model)
+    model.bias.ds_tensor = torch.tensor([float("nan")])  # ZeRO-3: the rank's partition, not the (empty) param
+    assert not guard.local_weights_finite(model)
+
+
+def test_no_checkpoint_of_non_finite_weights(capsys):
+    from raytrain.runtime.context import TrainContext
+
+    saved = []
+
+    class Checkpoints:
+        def save(self, engine, metrics, state):
+            saved.append(metrics["step"])
+
+    ctx = TrainContext.__new__(TrainContext)
+    ctx.rank, ctx.world_size, ctx.state, ctx._positions = 0, 1, {}, {}
+    ctx._checkpoints, ctx.engine = Checkpoints(), torch.nn.Linear(2, 2)
+    ctx._save({"step": 3})
+    with torch.no_grad():
+        ctx.engine.weight[0, 0] = float("inf")
+    ctx._save({"step": 4})
+    assert saved == [3]
+    facts = events.JobFacts.from_lines(capsys.readouterr().out.splitlines())
+    assert [(e["step"], e["message"]) for e in facts.refused] == [
+        (4, "checkpoint of step 4 not written: the weights are non-finite")]
