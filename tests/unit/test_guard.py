@@ -90,9 +90,12 @@ RANKS = textwrap.dedent("""
         def step(bad):
             for micro in range(2):
                 x = torch.ones(1, 4)
-                if bad and rank == 1 and micro == 1:
+                if bad is True and rank == 1 and micro == 1:
                     x[0, 0] = float("inf")
-                engine.backward(engine(x).pow(2).mean())
+                loss = engine(x).pow(2).mean()
+                if bad == "grad" and rank == 1 and micro == 1:  # a finite loss (0 added) with a NaN gradient
+                    loss = loss + torch.sqrt((next(engine.module.parameters()) * 0).sum())
+                engine.backward(loss)
                 engine.step()
         def weights():
             return [p.detach().clone() for p in engine.module.parameters()]
@@ -103,10 +106,15 @@ RANKS = textwrap.dedent("""
         res = {"same": all(torch.equal(a, b) for a, b in zip(before, after)),
                "finite": all(bool(torch.isfinite(a).all()) for a in after),
                "global_steps": engine.global_steps, "skipped_steps": engine.skipped_steps,
-               "lr_kept": engine.get_lr()[0] == lr_before, "emitted": emitted}
+               "lr_kept": engine.get_lr()[0] == lr_before, "emitted": list(emitted)}
         step(False)
         res["moves_after"] = not all(torch.equal(a, b) for a, b in zip(after, weights()))
         res["finite_after"] = all(bool(torch.isfinite(a).all()) for a in weights())
+        emitted.clear()
+        before = weights()
+        step("grad")
+        res["grad_only_same"] = all(torch.equal(a, b) for a, b in zip(before, weights()))
+        res["grad_only_emitted"] = emitted
         out[zero] = res
     print("@@result " + json.dumps(out), flush=True)
 """)
@@ -142,6 +150,12 @@ def test_two_ranks_agree_and_skip_a_step_only_rank_1_saw_as_non_finite(tmp_path)
                 assert event["ranks"]["1"] == "loss", (zero, event)
             else:
                 assert r["emitted"] == [], (rank, zero, r)
+            # a gradient-only problem: without ZeRO the guard's own check (after the reduction, on every rank);
+            # under ZeRO the optimizer's non-finite norm, which the guard reports
+            assert r["grad_only_same"], (rank, zero, r)
+            said = {"0": "step 4 skipped: non-finite gradients on ranks 0, 1",
+                    "1": "step 4 skipped: non-finite gradients (DeepSpeed's optimizer found a non-finite gradient norm)"}
+            assert [e["message"] for e in r["grad_only_emitted"]] == ([said[zero]] if rank == 0 else []), (rank, r)
 
 
 def test_weights_check_reads_zero3_partitions():
