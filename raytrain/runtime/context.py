@@ -316,7 +316,8 @@ class TrainContext:
 
     def finish(self) -> None:
         """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;
-        every worker's peak memory."""
+        every worker's peak memory. A last reported loss or weights that are non-finite raise ``NonFiniteRun``
+        (the run fails, exit 1, with the reason; no final checkpoint)."""
         from raytrain.runtime import guard
 
         last = self._reporter.last_metrics
