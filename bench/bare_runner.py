@@ -94,6 +94,34 @@ class BareContext:
         self._reporter.finish()
 
 
+def _time_guard() -> list:
+    """Wrap the guard's per-step and per-gradient work with a timer: [seconds, steps]."""
+    import time
+
+    from raytrain.runtime import guard
+
+    total = [0.0, 0, 0.0]  # seconds in all, steps, seconds in the all-reduce (incl. waiting for the other ranks)
+
+    def timed(name: str, counts: bool = False) -> None:
+        inner = getattr(guard.StepGuard, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                total[0] += time.perf_counter() - t
+                total[1] += counts
+                if name == "agree":
+                    total[2] += time.perf_counter() - t
+
+        setattr(guard.StepGuard, name, wrapper)
+
+    timed("agree", counts=True)
+    timed("note_loss")
+    return total
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: torchrun --nproc_per_node N bench/bare_runner.py PLAN.json", file=sys.stderr)
@@ -118,6 +146,11 @@ def main(argv: list[str]) -> int:
                  logging_level="ERROR", configure_logging=False)
         print(f"bare_runner: rank {os.environ.get('RANK', 0)} is a Ray driver of {ray_address}", flush=True)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=10))
+    if os.environ.get("BARE_RUNNER_NO_GUARD"):  # overhead.py --guards-ab's "off" side: the engine without guards
+        from raytrain.runtime import guard
+
+        guard.install = lambda engine, **kw: None
+    guard_time = _time_guard() if os.environ.get("BARE_RUNNER_GUARD_TIMING") else None
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     ctx = BareContext(plan, rank=rank, local_rank=local_rank, world_size=world, monitor_interval=interval)
     if rank == 0:
@@ -128,6 +161,9 @@ def main(argv: list[str]) -> int:
     module = load_job(plan.job_file)  # an absolute path: found directly
     module.train(ctx)
     ctx.finish()
+    if guard_time is not None:  # overhead.py --guards-ab: the guard's own seconds, beside the run's step times
+        print(f"bare_runner: rank {rank} guard_s {guard_time[0]:.6f} steps {guard_time[1]} "
+              f"agree_s {guard_time[2]:.6f}", flush=True)
     dist.destroy_process_group()
     return 0
 

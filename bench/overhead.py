@@ -25,6 +25,10 @@ A/B; end-to-end wall time; peak RSS per worker; and the largest loss difference 
 (the two sides do the same arithmetic, so it should be 0 or tiny). Goals (issue 8): steady A/B <= 1.02,
 first step A/B <= 1.5. Writes --out (JSON) and prints a markdown table on stdout.
 
+``--guards-ab``: instead, the cost of raytrain's step guards (the non-finite guard: one all-reduce of a flag
+per step and a finiteness check of each gradient): side B twice, guards on vs off (``BARE_RUNNER_NO_GUARD=1``,
+a switch of this benchmark's runner, not of raytrain), alternating, no Ray cluster; goal on/off <= 1.01.
+
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
 """
@@ -75,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="when this script starts the cluster, do not run the uncounted warm-up job first")
     p.add_argument("--out", default="bench/results/overhead.json")
     p.add_argument("--smoke", action="store_true", help="one round, few steps, ZeRO 1 only")
+    p.add_argument("--guards-ab", action="store_true",
+                   help="steady step with raytrain's step guards on vs off (torchrun side only, no cluster)")
     args = p.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.smoke else 3
@@ -193,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         request = bl.dry_run_plan(job, flags, job_args, env)
         configs[f"zero{zero}"] = {"flags": flags, "plan": request["plan"], "deepspeed": request["deepspeed"], "runs": []}
 
+    if args.guards_ab:
+        return guards_ab(args, configs, env, bare_extra)
     bl.log(f"overhead: {len(configs)} config(s) x {args.rounds} round(s), job {args.job} {args.job_args}")
     started = bl.cluster_up(env, args.num_cpus)
     bl.log("overhead: local cluster " + ("started" if started else "already running (warm)"))
@@ -254,6 +262,41 @@ def main(argv: list[str] | None = None) -> int:
           f"command start to the end of step 1. Goals: steady A/B <= {GOAL_STEADY}, first step A/B <= {GOAL_FIRST}.")
     print(f"JSON: {path}")
     failed = [r for c in configs.values() for r in c["runs"] if not r.ok]
+    return 1 if failed else 0
+
+
+GOAL_GUARDS = 1.01
+
+
+def guards_ab(args: argparse.Namespace, configs: dict, env: dict[str, str], bare_extra: dict[str, str]) -> int:
+    """Steady step time with the guards on (A) vs off (B), both under torchrun, alternating per round."""
+    results: dict = {"benchmark": "guards", "machine": bl.machine(), "job": args.job, "job_args": args.job_args,
+                     "rounds": args.rounds, "warmup_steps": args.warmup, "configs": {}}
+    rows = []
+    for label, cfg in configs.items():
+        on, off = [], []
+        for rnd in range(args.rounds):
+            for side, runs, extra in (("on", on, {}), ("off", off, {"BARE_RUNNER_NO_GUARD": "1"})):
+                run = bl.run_bare(cfg["plan"], env, label=f"{label}-guards-{side}", rnd=rnd, warmup=args.warmup,
+                                  nice=args.bare_nice, extra_env={**bare_extra, **extra})
+                runs.append(run)
+                bl.log(f"guards: round {rnd + 1} {label} guards {side:3s} "
+                       + (f"steady {bl.fmt(run.steady_step_s, ' s', 4)}" if run.ok else f"FAILED: {run.error}"))
+        a = bl.median([r.steady_step_s for r in on if r.ok and r.steady_step_s])
+        b = bl.median([r.steady_step_s for r in off if r.ok and r.steady_step_s])
+        pairs = [bl.ratio(x.steady_step_s, y.steady_step_s) for x, y in zip(on, off) if x.ok and y.ok]
+        results["configs"][label] = {"flags": cfg["flags"], "steady_on_s": a, "steady_off_s": b,
+                                     "ratio": bl.ratio(a, b), "round_ratios": pairs,
+                                     "runs": [r.to_dict() for r in on + off]}
+        rows.append([label, bl.fmt(a, " s", 4), bl.fmt(b, " s", 4), bl.fmt(bl.ratio(a, b), "", 3),
+                     ", ".join(bl.fmt(p, "", 3) for p in pairs)])
+    path = bl.write_json(args.out, results)
+    print(f"## step guards on vs off: {args.workers} CPU workers (torchrun), {args.precision}, "
+          f"grad-accum {args.grad_accum}, {args.rounds} round(s), `{args.job} {args.job_args}`\n")
+    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "per round"], rows))
+    print(f"\nmedians over rounds of the median step_time_s after {args.warmup} warm-up steps. Goal: on/off <= "
+          f"{GOAL_GUARDS}.\nJSON: {path}")
+    failed = [r for c in results["configs"].values() for r in c["runs"] if not r["ok"]]
     return 1 if failed else 0
 
 

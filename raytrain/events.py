@@ -36,6 +36,8 @@ STOPPED = "stopped"  # driver: SIGTERM (`jobs stop`, or its cluster stopping) en
 ENGINE = "engine"  # rank 0: what DeepSpeed built (ZeRO stage, offload, tp/pp/dp sizes, batch), read from the engine
 HANG = "hang"  # driver: no rank finished a step for the hang timeout; one line per rank (raytrain.hang)
 STACKS = "stacks"  # `jobs stack`'s utility job: every rank's stacks now
+SKIPPED = "skipped"  # rank 0: every rank skipped an optimizer step: a non-finite loss/gradients (runtime.guard)
+REFUSED = "checkpoint_refused"  # rank 0: a checkpoint was not written: the weights are non-finite
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -109,6 +111,8 @@ class JobFacts:
     error: dict | None = None
     stopped: dict | None = None
     hang: dict | None = None  # the latest hang event, until a step is reported after it
+    skipped: list[dict] = field(default_factory=list)  # steps the non-finite guard skipped (step, message)
+    refused: list[dict] = field(default_factory=list)  # checkpoints not written (non-finite weights)
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -161,6 +165,10 @@ class JobFacts:
             self.stopped = event
         elif kind == HANG:
             self.hang = event
+        elif kind == SKIPPED:
+            self.skipped.append(event)
+        elif kind == REFUSED:
+            self.refused.append(event)
 
     def warnings(self) -> list[str]:
         """A hang's line per rank (until a step is reported after it); what the job's workers could not measure

@@ -129,5 +129,7 @@ class JobInfo:
             out["estimate"] = self.facts.estimate
             out["preflight"] = self.facts.preflight
             out["resized"] = self.facts.resized
+            out["skipped"] = self.facts.skipped
+            out["checkpoints_refused"] = self.facts.refused
             out["waiting"] = (self.facts.waiting or {}).get("message")
         return out

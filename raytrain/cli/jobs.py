@@ -137,6 +137,11 @@ def status(job_id, address, as_json, show_timings, storage, **k8s):
         click.echo(f"restarts  {facts.restarts}")
     if facts and facts.resized:
         click.echo(f"resized   {describe_resize(facts.resized[-1])}")
+    if facts and facts.skipped:
+        more = f" ({len(facts.skipped)} in all)" if len(facts.skipped) > 1 else ""
+        click.echo(f"skipped   {facts.skipped[-1].get('message', '')}{more}")
+    if facts and facts.refused:
+        click.echo(f"refused   {facts.refused[-1].get('message', '')}")
     for warning in info.warnings():
         click.echo(f"warning   {warning}")
     if facts and facts.error:

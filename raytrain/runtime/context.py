@@ -307,15 +307,38 @@ class TrainContext:
         if checkpoint and self.engine is not None:
             if self._reporter.trackers is not None:  # a restore resumes after this step: log up to it first
                 self._reporter.trackers.flush()
-            self._checkpoints.save(self.engine, clean, self._saved_state())
+            self._save(clean)
+
+    def _save(self, metrics: dict[str, Any]) -> None:
+        """A checkpoint, unless the weights are non-finite on any rank (then an event: a restart must never
+        resume from ruined weights). Every rank calls it."""
+        from raytrain import events
+        from raytrain.runtime import guard
+
+        (bad,) = guard.agreed_flags([not guard.local_weights_finite(self.engine)],
+                                    device=getattr(self.engine, "device", "cpu"), world_size=self.world_size)
+        if bad:
+            step = int(metrics["step"])
+            if self.is_main:
+                events.emit(events.REFUSED, step=step,
+                            message=f"checkpoint of step {step} not written: the weights are non-finite")
+            return
+        self._checkpoints.save(self.engine, metrics, self._saved_state())
 
     def finish(self) -> None:
         """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;
-        every worker's peak memory."""
+        every worker's peak memory. A last reported loss or weights that are non-finite raise ``NonFiniteRun``
+        (the run fails, exit 1, with the reason; no final checkpoint)."""
+        from raytrain.runtime import guard
+
         last = self._reporter.last_metrics
-        if self.engine is not None and self._checkpoints.final_save_needed(last):
-            self._checkpoints.save(self.engine, dict(last), self._saved_state())
+        # a run whose last loss or whose weights are non-finite did not succeed, whatever train(ctx) returned
+        problem = guard.ending_problem(self.engine, last, rank=self.rank, world_size=self.world_size)
+        if problem is None and self.engine is not None and self._checkpoints.final_save_needed(last):
+            self._save(dict(last))
         self._reporter.finish()
+        if problem is not None:
+            raise guard.NonFiniteRun(problem)
 
 
 def _default_optimizer(lr: float, *, fused: bool) -> Any:

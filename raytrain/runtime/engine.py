@@ -41,6 +41,9 @@ def build_engine(model: Any, *, optimizer: Any, config: dict, lr_scheduler: Any,
         config=config,
         **kwargs,
     )
+    from raytrain.runtime import guard
+
+    guard.install(engine)  # a non-finite loss or gradient on any rank: the step is skipped on every rank
     return engine
 
 

@@ -278,7 +278,11 @@ def deepspeed_hooks(*, injected_config: str | None, log: Any, enabled: bool = Tr
                     "raytrain: the script passes its own config to deepspeed.initialize(); raytrain's DeepSpeed "
                     "config (its --zero/--precision/batch flags) is not applied"
                 )
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        from raytrain.runtime import guard
+
+        guard.install(result[0] if isinstance(result, tuple) and result else result)
+        return result
 
     deepspeed.initialize = initialize
     try:

@@ -1,0 +1,187 @@
+"""The non-finite guard (raytrain.runtime.guard): the verdict's wording, the no-update block, and two real
+gloo processes with real DeepSpeed engines where only rank 1's loss is non-finite: both ranks skip the step,
+at ZeRO-0 (whose client optimizer would otherwise apply it) and ZeRO-1, leaving weights, optimizer state and
+LR schedule as they were and counting the step; honest endings and the skip event's reading."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from raytrain import events
+from raytrain.runtime import guard
+
+
+def test_the_verdict_names_the_step_and_the_ranks():
+    assert guard.describe(6, [0, guard.LOSS]) == "step 6 skipped: non-finite loss on rank 1"
+    # gradients reduced across ranks are non-finite everywhere: the loss names where it started
+    assert guard.describe(6, [guard.GRADIENTS, guard.LOSS | guard.GRADIENTS, guard.GRADIENTS]) == (
+        "step 6 skipped: non-finite loss on rank 1")
+    assert guard.describe(6, [guard.GRADIENTS, guard.GRADIENTS]) == (
+        "step 6 skipped: non-finite gradients on ranks 0, 1")
+
+
+def test_no_update_block_leaves_weights_and_state_and_restores_step():
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([w], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)  # patches an instance attribute `step` on opt
+    patched = vars(opt).get("step")
+    w.grad = torch.ones(3)
+    with guard._NoUpdate(guard.innermost_optimizers(opt)):
+        opt.step()
+    assert torch.equal(w.detach(), torch.ones(3)) and not opt.state
+    assert vars(opt).get("step") is patched
+    opt.step()
+    sched.step()
+    assert not torch.equal(w.detach(), torch.ones(3)) and opt.state
+
+
+def test_innermost_optimizer_under_wrappers():
+    class Wrapper:  # DeepSpeed's ZeRO and bf16 wrappers keep the torch optimizer in `.optimizer`
+        def __init__(self, inner):
+            self.optimizer = inner
+
+    inner = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
+    assert guard.innermost_optimizers(Wrapper(Wrapper(inner))) == [inner]
+    assert guard.innermost_optimizers(inner) == [inner]
+
+
+def test_an_ending_with_a_nan_loss_is_a_problem_on_rank_0():
+    assert guard.ending_problem(None, {"step": 8, "loss": float("nan")}, rank=0, world_size=1) == (
+        "the run ended with a non-finite loss (nan) at step 8")
+    assert guard.ending_problem(None, {"step": 8, "loss": 0.5}, rank=0, world_size=1) is None
+    assert guard.ending_problem(None, {}, rank=0, world_size=1) is None
+
+
+def test_skip_events_reach_the_facts_and_status():
+    from raytrain.status import JobInfo, JobState
+
+    line = events.format_event(events.SKIPPED, step=6, message="step 6 skipped: non-finite loss on rank 1",
+                               ranks={"1": "loss"})
+    facts = events.JobFacts.from_lines(["(RayTrainWorker pid=1) " + line])
+    assert facts.skipped == [{"event": "skipped", "step": 6, "message": "step 6 skipped: non-finite loss on rank 1",
+                              "ranks": {"1": "loss"}}]
+    info = JobInfo(job_id="j", name="n", state=JobState.RUNNING, target="local", address="", facts=facts)
+    assert info.to_dict()["skipped"][0]["step"] == 6
+
+
+RANKS = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method="tcp://127.0.0.1:" + sys.argv[2])
+    from raytrain.runtime.engine import build_engine
+    out = {}
+    for zero in (0, 1):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                  "train_batch_size": 4, "zero_optimization": {"stage": zero}, "gradient_clipping": 1.0,
+                  "zero_allow_untested_optimizer": True}
+        engine = build_engine(model, optimizer=opt, config=config, lr_scheduler=sched, model_parameters=None)
+        emitted = []
+        engine._raytrain_guard.emit = lambda kind, **data: emitted.append(dict(kind=kind, **data))
+        def step(bad):
+            for micro in range(2):
+                x = torch.ones(1, 4)
+                if bad is True and rank == 1 and micro == 1:
+                    x[0, 0] = float("inf")
+                loss = engine(x).pow(2).mean()
+                if bad == "grad" and rank == 1 and micro == 1:  # a finite loss (0 added) with a NaN gradient
+                    loss = loss + torch.sqrt((next(engine.module.parameters()) * 0).sum())
+                engine.backward(loss)
+                engine.step()
+        def weights():
+            return [p.detach().clone() for p in engine.module.parameters()]
+        step(False)
+        before, lr_before = weights(), engine.get_lr()[0]
+        step(True)
+        after = weights()
+        res = {"same": all(torch.equal(a, b) for a, b in zip(before, after)),
+               "finite": all(bool(torch.isfinite(a).all()) for a in after),
+               "global_steps": engine.global_steps, "skipped_steps": engine.skipped_steps,
+               "lr_kept": engine.get_lr()[0] == lr_before, "emitted": list(emitted)}
+        step(False)
+        res["moves_after"] = not all(torch.equal(a, b) for a, b in zip(after, weights()))
+        res["finite_after"] = all(bool(torch.isfinite(a).all()) for a in weights())
+        emitted.clear()
+        before = weights()
+        step("grad")
+        res["grad_only_same"] = all(torch.equal(a, b) for a, b in zip(before, weights()))
+        res["grad_only_emitted"] = emitted
+        out[zero] = res
+    print("@@result " + json.dumps(out), flush=True)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_agree_and_skip_a_step_only_rank_1_saw_as_non_finite(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"})
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=280)[0] for p in procs]
+    results = []
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, out
+        results.append(json.loads(next(l for l in out.splitlines() if l.startswith("@@result "))[9:]))
+    for rank, res in enumerate(results):
+        for zero in ("0", "1"):
+            r = res[zero]
+            assert r["same"] and r["finite"], (rank, zero, r)
+            assert r["global_steps"] == 2 and r["skipped_steps"] == 1 and r["lr_kept"], (rank, zero, r)
+            assert r["moves_after"] and r["finite_after"], (rank, zero, r)
+            if rank == 0:
+                (event,) = r["emitted"]
+                assert event["kind"] == "skipped" and event["step"] == 2, (zero, event)
+                assert event["message"] == "step 2 skipped: non-finite loss on rank 1", (zero, event)
+                assert event["ranks"]["1"] == "loss", (zero, event)
+            else:
+                assert r["emitted"] == [], (rank, zero, r)
+            # a gradient-only problem: without ZeRO the guard's own check (after the reduction, on every rank);
+            # under ZeRO the optimizer's non-finite norm, which the guard reports
+            assert r["grad_only_same"], (rank, zero, r)
+            said = {"0": "step 4 skipped: non-finite gradients on ranks 0, 1",
+                    "1": "step 4 skipped: non-finite gradients (DeepSpeed's optimizer found a non-finite gradient norm)"}
+            assert [e["message"] for e in r["grad_only_emitted"]] == ([said[zero]] if rank == 0 else []), (rank, r)
+
+
+def test_weights_check_reads_zero3_partitions():
+    model = torch.nn.Linear(2, 2)
+    assert guard.local_weights_finite(model)
+    model.bias.ds_tensor = torch.tensor([float("nan")])  # ZeRO-3: the rank's partition, not the (empty) param
+    assert not guard.local_weights_finite(model)
+
+
+def test_no_checkpoint_of_non_finite_weights(capsys):
+    from raytrain.runtime.context import TrainContext
+
+    saved = []
+
+    class Checkpoints:
+        def save(self, engine, metrics, state):
+            saved.append(metrics["step"])
+
+    ctx = TrainContext.__new__(TrainContext)
+    ctx.rank, ctx.world_size, ctx.state, ctx._positions = 0, 1, {}, {}
+    ctx._checkpoints, ctx.engine = Checkpoints(), torch.nn.Linear(2, 2)
+    ctx._save({"step": 3})
+    with torch.no_grad():
+        ctx.engine.weight[0, 0] = float("inf")
+    ctx._save({"step": 4})
+    assert saved == [3]
+    facts = events.JobFacts.from_lines(capsys.readouterr().out.splitlines())
+    assert [(e["step"], e["message"]) for e in facts.refused] == [
+        (4, "checkpoint of step 4 not written: the weights are non-finite")]
