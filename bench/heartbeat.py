@@ -103,14 +103,14 @@ def training_thread_cost_us(n: int = 200_000) -> float:
 
     plain, marked = Engine(), heartbeat.instrument(Engine())
 
-    def loop(engine, on):
+    def loop(fake, on):
         t = time.perf_counter()
         for i in range(n):
             if on:
-                engine.hook(None, None)
+                fake.hook(None, None)
                 heartbeat.STATE.step_finished(i)
-            engine.backward(i)
-            engine.step()
+            fake.backward(i)
+            fake.step()
         return time.perf_counter() - t
 
     return (min(loop(marked, True) for _ in range(3)) - min(loop(plain, False) for _ in range(3))) / n * 1e6

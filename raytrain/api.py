@@ -183,7 +183,7 @@ def wait(
     ``on_text`` showed, already holds them)."""
     target = target or make_target(TargetOptions(address=handle.address if handle.target != "local" else None))
     target.follow(handle.job_id, on_text or (lambda _text: None))
-    info = target.status(handle.job_id)
+    info = with_recorded_steps(target.status(handle.job_id), storage)
     if info.facts and info.facts.error and info.facts.error.get("event") in (CAPACITY, INVALID):
         raise ClusterError(info.facts.error.get("message", "the cluster cannot run this job"))
     if info.state is not JobState.SUCCEEDED:
@@ -198,7 +198,7 @@ def status(job_id: str, target: Target | None = None, storage: str | None = None
     ClusterError where there is no record either."""
     target = target or make_target(TargetOptions(), auto_start=False)
     try:
-        return target.status(job_id)
+        return with_recorded_steps(target.status(job_id), storage)
     except ClusterError as exc:
         folder = record_of(job_id, storage)
         if folder is None:
@@ -206,6 +206,23 @@ def status(job_id: str, target: Target | None = None, storage: str | None = None
                 raise no_record(job_id, storage) from None
             raise
         return run_record.job_info(job_id, folder, why=str(exc))
+
+
+def with_recorded_steps(info: JobInfo, storage: str | None = None) -> JobInfo:
+    """``info`` of an ended job, with the facts of its run's record where that has steps its log lacks: Ray
+    streams a worker's output into the job's log asynchronously, so a job that ends right after its last
+    report can end before those lines arrive; each process wrote them to the record itself."""
+    if not info.state.terminal:
+        return info
+    folder = record_of(info.job_id, storage)
+    if folder is None:
+        return info
+    recorded = JobFacts.from_lines(run_record.read_lines(folder))
+    seen = ((info.facts.last_metrics if info.facts else None) or {}).get("step")
+    kept = (recorded.last_metrics or {}).get("step")
+    if kept is not None and (seen is None or kept > seen):
+        info.facts = recorded
+    return info
 
 
 def no_record(job_id: str, storage: str | None) -> ClusterError:

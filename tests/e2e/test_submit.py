@@ -253,7 +253,7 @@ def test_gpus_on_a_cpu_cluster(cli):
 
 
 def test_logs_follow_of_a_finished_job_ends(cli):
-    done = [j["id"] for j in cli.json("jobs", "list") if j["state"] == "succeeded"]
+    done = [j["id"] for j in cli.json("jobs", "list") if j["state"] == "succeeded" and j.get("name") == "cnn"]
     job = done[0] if done else job_id_of(cli("submit", JOBS / "cnn.py", "--", "--steps", "2", check=True).stdout)
     proc = cli("jobs", "logs", job, "--follow", timeout=60)
     assert proc.returncode == 0 and "@@raytrain" not in proc.stdout, proc.stdout  # as submit showed it
@@ -268,7 +268,7 @@ def test_a_job_of_a_cluster_that_is_gone_is_read_from_its_record(cli):
     """After `cluster down` (or a restart) the cluster knows no earlier job: `jobs status` reads the run's record
     instead and says so. Marked ``stops_cluster``: run last among the e2e tests (saves a restart); anywhere
     else the next test's ``cli`` fixture starts the cluster again."""
-    done = [j["id"] for j in cli.json("jobs", "list") if j["state"] == "succeeded"]
+    done = [j["id"] for j in cli.json("jobs", "list") if j["state"] == "succeeded" and j.get("name") == "cnn"]
     job = done[0] if done else job_id_of(cli("submit", JOBS / "cnn.py", "--", "--steps", "2", check=True).stdout)
     steps = cli.json("jobs", "status", job)["last_metrics"]["step"]
     cli("cluster", "down", "--force", check=True, timeout=120)

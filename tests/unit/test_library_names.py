@@ -48,12 +48,12 @@ def engine_names() -> dict[str, str]:
     for path, tree in _trees():
         for node in ast.walk(tree):
             name = None
-            if isinstance(node, ast.Attribute) and _is_engine(node.value):
-                name = node.attr
+            if isinstance(node, ast.Attribute) and _is_engine(node.value) and not isinstance(node.ctx, ast.Store):
+                name = node.attr  # read from DeepSpeed's engine (one raytrain sets itself is not DeepSpeed's)
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
                   and len(node.args) >= 2 and _is_engine(node.args[0]) and isinstance(node.args[1], ast.Constant)):
                 name = node.args[1].value
-            if name and not name.startswith("__"):
+            if name and not name.startswith(("__", "_raytrain")):  # _raytrain*: raytrain's own, set on the engine
                 found.setdefault(name, f"{path.relative_to(ROOT)}:{node.lineno}")
     return found
 

@@ -128,3 +128,23 @@ def test_ray_trains_controller_records_its_events_from_the_jobs_environment(tmp_
     monkeypatch.setattr(events, "_record", None)
     monkeypatch.setenv("RAYTRAIN_PLAN", json.dumps({"name": "gpt", "storage": "s3://bucket/runs"}))
     assert run_record.start_from_env("controller") is None  # a URI keeps no record
+
+
+def test_an_ended_jobs_steps_its_log_missed_come_from_its_record(tmp_path):
+    """Ray streams a worker's output into the job's log asynchronously: a job that ends right after its last
+    report can end before those lines arrive. Its record has them."""
+    from raytrain.events import JobFacts
+    from raytrain.status import JobInfo
+
+    a_run(tmp_path, "raytrain-gpt-1", (FINISHED, {"metrics": {}}))
+    log_facts = JobFacts.from_lines([format_event(STARTED, name="gpt", workers=2), format_event(FINISHED)])
+
+    def info(state, facts):
+        return JobInfo(job_id="raytrain-gpt-1", name="gpt", state=state, target="local", address="", facts=facts)
+
+    done = api.with_recorded_steps(info(JobState.SUCCEEDED, log_facts), str(tmp_path))
+    assert done.facts.last_metrics["step"] == 2 and done.facts.losses == [2.5, 2.0]
+    running = api.with_recorded_steps(info(JobState.RUNNING, log_facts), str(tmp_path))
+    assert running.facts.last_metrics is None  # a running job's log is still arriving: as it is
+    ahead = JobFacts.from_lines([format_event(METRICS, step=3, loss=1.0), format_event(FINISHED)])
+    assert api.with_recorded_steps(info(JobState.SUCCEEDED, ahead), str(tmp_path)).facts is ahead
