@@ -258,21 +258,31 @@ def jobs(target: Target | None = None) -> list[JobInfo]:
 
 
 def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15, shown: Container[str] | None = None) -> str:
-    """The failing rank's last lines of output, from the run's record ("" when there is none); only where to
-    find them when every one of them is in ``shown`` (the lines a follow already printed, without Ray's
-    ``(pid=..)`` prefix), so that a traceback is not printed twice."""
+    """The failing rank's last lines of output, from the run's record; where that copy lacks the rank's error
+    (its copier, a process of its own, may not have caught up: raytrain.runtime.rank_log), the traceback the
+    worker sent with its failure; "" when there is neither. Only where to find them when every one of them is
+    in ``shown`` (the lines a follow already printed, without Ray's ``(pid=..)`` prefix), so that a traceback
+    is not printed twice."""
 
     error = (info.facts or JobFacts()).error or {}
-    folder = run_record.find(info.job_id, [storage]) if error.get("rank") is not None else None
-    path = run_record.rank_logs(folder).get(int(error["rank"])) if folder is not None else None
-    if path is None:
+    if error.get("rank") is None:
         return ""
+    rank = error["rank"]
+    folder = run_record.find(info.job_id, [storage])
+    path = run_record.rank_logs(folder).get(int(rank)) if folder is not None else None
     from raytrain.log_filter import LogFilter
 
-    last = run_record.tail(path, lines, keep=LogFilter(color=False))  # no Ray chatter among the last lines
+    last = run_record.tail(path, lines, keep=LogFilter(color=False)) if path is not None else []  # no Ray chatter
+    sent = [line for line in str(error.get("traceback") or "").rstrip().splitlines() if line.strip()]
+    everything = f"raytrain jobs logs {info.job_id} --rank {rank}"
+    if sent and sent[-1].strip() not in {line.strip() for line in last}:  # the copy is behind the error
+        if shown is not None and all(line.rstrip() in shown for line in sent):
+            return f"\n(its output is above; all of rank {rank}'s: {everything})"
+        return (f"\nrank {rank}'s traceback (all of its output, once its log has reached the storage: {everything}):\n"
+                + "\n".join(f"  {line}" for line in sent))
     if last and shown is not None and all(not line.strip() or line.rstrip() in shown for line in last):
-        return f"\n(its output is above; all of rank {error['rank']}'s: raytrain jobs logs {info.job_id} --rank {error['rank']})"
-    return (f"\nlast lines of rank {error['rank']} (all: raytrain jobs logs {info.job_id} --rank {error['rank']}):\n"
+        return f"\n(its output is above; all of rank {rank}'s: {everything})"
+    return (f"\nlast lines of rank {rank} (all: {everything}):\n"
             + "\n".join(f"  {line}" for line in last)) if last else ""
 
 

@@ -63,16 +63,18 @@ def emit(kind: str, **data: Any) -> None:
     import sys
 
     line = format_event(kind, **data)
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-    if _record:
-        import time
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    finally:  # the record has it even where stdout raised (e.g. a signal handler's write in the middle of one)
+        if _record:
+            import time
 
-        try:
-            with open(_record, "a") as f:
-                f.write(f"{time.time():.6f} {line}\n")
-        except OSError:  # the record is a copy: never fail training for it
-            pass
+            try:
+                with open(_record, "a") as f:
+                    f.write(f"{time.time():.6f} {line}\n")
+            except OSError:  # the record is a copy: never fail training for it
+                pass
 
 
 def parse_line(line: str) -> dict | None:

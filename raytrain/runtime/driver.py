@@ -268,8 +268,11 @@ def record_when_stopped(plan: Plan, run_name: str) -> None:
     def on_stop(signum, frame):
         try:
             emit(events.STOPPED, signal="SIGTERM")
-        except Exception:  # noqa: BLE001 (stdout gone or mid-write: the stop itself must go on)
-            pass
+        except Exception:  # noqa: BLE001 (stdout gone, or mid-write in this very thread: a buffered stream is
+            try:  # not reentrant; the record has the event already): the line straight to the fd
+                os.write(1, (events.format_event(events.STOPPED, signal="SIGTERM") + "\n").encode())
+            except OSError:  # the stop itself must go on
+                pass
         if ends_trackers:
             ender = threading.Thread(target=end_trackers, args=(plan, run_name, "stopped"), daemon=True)
             ender.start()
@@ -420,7 +423,13 @@ def main() -> int:
         message = _one_line(cause)
         if dog is not None and dog.summary:  # a reported hang ended in this failure (e.g. the collective timeout)
             message = f"{message}; after a hang: {'; '.join(dog.summary)}"
-        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=message)
+        from raytrain.runtime.worker_errors import shipped_traceback
+
+        failures = getattr(exc, "worker_failures", None) or {}
+        # the failing rank's traceback as the worker sent it: its log may not have reached the storage yet
+        shipped = shipped_traceback(failures[rank]) if rank in failures else None
+        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=message,
+             **({"traceback": shipped} if shipped else {}))
         end_trackers(plan, run_name, "failed")
         return EXIT_TRAINING_FAILED
     finally:

@@ -32,13 +32,36 @@ def job_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
+SHIPPED = "raytrain_traceback"  # the attribute that carries the job's traceback to the driver
+SHIPPED_CHARS = 8000  # the most of it that travels (its end: the frames nearest the error and the error)
+
+
 def print_failure(exc: BaseException) -> None:
-    """The job's traceback of ``exc`` on stderr (what the job's log and the rank's own log keep)."""
+    """The job's traceback of ``exc`` on stderr (what the job's log and the rank's own log keep), also
+    attached to ``exc``, which Ray Train pickles to the driver: the rank's log reaches the storage through a
+    copier of its own that may be behind when the driver reports the failure (raytrain.runtime.rank_log)."""
+    text = job_traceback(exc)
     try:
-        sys.stderr.write(job_traceback(exc))
+        setattr(exc, SHIPPED, text[-SHIPPED_CHARS:])
+    except (AttributeError, TypeError):  # an exception without a __dict__: its rank's log alone keeps it
+        pass
+    try:
+        sys.stderr.write(text)
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def shipped_traceback(exc: BaseException) -> str | None:
+    """The job's traceback a worker attached to ``exc`` or to an exception in its chain (None: none did)."""
+    seen = set()
+    while isinstance(exc, BaseException) and id(exc) not in seen:
+        seen.add(id(exc))
+        text = getattr(exc, SHIPPED, None)
+        if isinstance(text, str):
+            return text
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return None
 
 
 class _DropRayTrainError(logging.Filter):

@@ -128,6 +128,62 @@ def test_lines_a_follow_already_showed_are_not_shown_again(tmp_path):
     assert "last lines of rank 1" in failing_rank_tail(info, str(tmp_path), shown=RecentLines())  # submit -q
 
 
+def test_a_failure_shows_the_traceback_the_worker_sent_while_its_log_copy_is_behind(tmp_path):
+    """The rank's log reaches the storage through a copier of its own (raytrain.runtime.rank_log_copy), which
+    may not have copied the error yet when the failure is reported: the traceback the worker sent with its
+    failure (the error event's ``traceback``) is shown instead, once."""
+    from raytrain.cli.progress import RecentLines
+
+    folder = tmp_path / "run-1" / "raytrain"
+    sent = 'Traceback (most recent call last):\n  File "job.py", line 3, in train\nValueError: bad shard\n'
+    facts = JobFacts(error={"event": "error", "rank": 1, "type": "ValueError", "message": "bad shard",
+                            "traceback": sent})
+    info = JobInfo(job_id="run-1", name="x", state=JobState.FAILED, target="local", address="", facts=facts)
+    header = "rank 1's traceback (all of its output, once its log has reached the storage: raytrain jobs logs run-1 --rank 1):"
+    # no copy at all yet, then a copy that stops before the error
+    for copied in (None, "early line\n"):
+        if copied is not None:
+            (folder / "logs").mkdir(parents=True)
+            (folder / "logs" / "rank-1.log").write_text(rank_log.header(1, "h", "10.0.0.2") + copied)
+        text = failing_rank_tail(info, str(tmp_path), shown=RecentLines())
+        assert text == "\n" + header + "\n" + "\n".join(f"  {line}" for line in sent.splitlines()), text
+    followed = RecentLines()
+    for line in sent.splitlines():
+        followed.add(f"(RayTrainWorker pid=7, ip=10.0.0.2) {line}")
+    assert failing_rank_tail(info, str(tmp_path), shown=followed) == (
+        "\n(its output is above; all of rank 1's: raytrain jobs logs run-1 --rank 1)")
+    # once the copy has the error, its last lines as before
+    (folder / "logs" / "rank-1.log").write_text(rank_log.header(1, "h", "10.0.0.2") + "early line\n" + sent)
+    assert "last lines of rank 1 (all: raytrain jobs logs run-1 --rank 1):\n  early line" in failing_rank_tail(
+        info, str(tmp_path), shown=RecentLines())
+
+
+def test_a_workers_failure_carries_its_job_traceback_through_pickling(capsys):
+    """What the worker prints is what travels with the exception (Ray Train pickles it to the driver), found
+    from the exception or one that it caused."""
+    import pickle
+
+    from raytrain.runtime import worker_errors
+
+    def job_code():
+        raise ValueError("bad shard")
+
+    try:
+        job_code()
+    except ValueError as exc:
+        worker_errors.print_failure(exc)
+        caught = exc
+    printed = capsys.readouterr().err
+    assert printed.startswith("Traceback (most recent call last):") and printed.endswith("ValueError: bad shard\n")
+    assert "in job_code" in printed
+    back = pickle.loads(pickle.dumps(caught))
+    assert worker_errors.shipped_traceback(back) == printed
+    wrapper = RuntimeError("wrapped")
+    wrapper.__cause__ = back
+    assert worker_errors.shipped_traceback(wrapper) == printed
+    assert worker_errors.shipped_traceback(ValueError("never printed")) is None
+
+
 def test_without_tee_python_level_writes_are_copied(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(rank_log.shutil, "which", lambda name: None)
     saved = sys.stdout, sys.stderr

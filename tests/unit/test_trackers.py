@@ -151,11 +151,17 @@ def test_a_failed_run_ends_its_mlflow_run_failed_and_a_resume_appends_to_it(tmp_
 
 def stop_driver(p, tmp_path, warm_mlflow: bool) -> str:
     """A driver process (record_when_stopped, its events recorded in the run's folder) SIGTERMed as `jobs stop`
-    does: it exits by the signal; what it printed after "ready"."""
+    does: it exits by the signal; what it printed (its events).
+
+    The handshake is a file the process writes once the handler is installed (and MLflow's client is ready),
+    not a line on stdout: a SIGTERM that lands while the process is still inside that line's write would have
+    the handler write to stdout in the middle of a write to it (a buffered stream is not reentrant)."""
     import signal
     import subprocess
     import sys
+    import time
 
+    ready = tmp_path / "driver-ready"
     script = (
         "import json, sys, time\n"
         "from raytrain.config.plan import Plan\n"
@@ -167,15 +173,20 @@ def stop_driver(p, tmp_path, warm_mlflow: bool) -> str:
         "driver.record_when_stopped(plan, 'run-1')\n"
         + ("assert trackers.warm_up(Path(sys.argv[2]), timeout_s=120)\n" if warm_mlflow else "")
         # (as the driver's thread does: a stop comes later)
-        + "print('ready', flush=True)\n"
-        "time.sleep(120)\n"
+        + "Path(sys.argv[3]).write_text('ready')\n"
+        "time.sleep(300)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(p.to_dict()), str(tmp_path / "run-1" / "raytrain")], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(p.to_dict()), str(tmp_path / "run-1" / "raytrain"),
+                             str(ready)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     try:
-        assert proc.stdout.readline().strip() == "ready"  # (the test's wait; the driver's is a thread)
+        deadline = time.monotonic() + 240  # imports (and MLflow's client) on a loaded machine
+        while not (ready.exists() and ready.read_text() == "ready"):
+            assert proc.poll() is None, f"the driver exited {proc.returncode} before its handler was installed"
+            assert time.monotonic() < deadline, "the driver did not install its SIGTERM handler within 240 s"
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert proc.wait(timeout=60) == -signal.SIGTERM
         return proc.stdout.read()
     finally:
         proc.kill()
@@ -199,6 +210,44 @@ def test_a_stopped_driver_says_so_in_its_log_and_the_runs_record(tmp_path):
     facts = events.JobFacts.from_lines(run_record.read_lines(tmp_path / "run-1" / "raytrain"))
     assert facts.stopped == {"event": "stopped", "signal": "SIGTERM"}
     assert facts.finished is None and facts.error is None
+
+
+def test_a_stop_that_lands_in_the_middle_of_a_write_to_stdout_still_records_it(tmp_path):
+    """The SIGTERM handler runs in the main thread, which may be inside a write to stdout (a buffered stream is
+    not reentrant: the handler's own write raises): the `stopped` event still reaches the run's record and
+    the job's log (straight to fd 1). Here the write itself sends the signal, so the handler runs inside it."""
+    import signal
+    import subprocess
+    import sys
+
+    from raytrain import events, run_record
+
+    p = plan(tmp_path, [])
+    script = (
+        "import io, json, os, signal, sys, time\n"
+        "from raytrain.config.plan import Plan\n"
+        "from raytrain import run_record\n"
+        "from raytrain.runtime import driver\n"
+        "plan = Plan.from_dict(json.loads(sys.argv[1]))\n"
+        "run_record.start(plan.storage, 'run-1', 'driver')\n"
+        "driver.record_when_stopped(plan, 'run-1')\n"
+        "class Raw(io.RawIOBase):\n"
+        "    def writable(self):\n"
+        "        return True\n"
+        "    def write(self, b):\n"
+        "        if b'mid-write' in bytes(b):\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside the buffered write\n"
+        "        return os.write(1, b)\n"
+        "sys.stdout = io.TextIOWrapper(io.BufferedWriter(Raw()))\n"
+        "print('mid-write', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(p.to_dict())], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert [e["event"] for e in map(events.parse_line, proc.stdout.splitlines()) if e] == ["stopped"], proc.stdout
+    facts = events.JobFacts.from_lines(run_record.read_lines(tmp_path / "run-1" / "raytrain"))
+    assert facts.stopped == {"event": "stopped", "signal": "SIGTERM"}
 
 
 def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path, monkeypatch):
