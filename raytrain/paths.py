@@ -102,13 +102,19 @@ def private_mkdir(path: str | os.PathLike) -> Path:
         except FileExistsError:
             continue
         os.chmod(folder, PRIVATE_DIR_MODE)  # mkdir's mode went through the umask
+    _make_private(path, PRIVATE_DIR_MODE)
+    return path
+
+
+def _make_private(target: str | os.PathLike | int, mode: int) -> None:
+    """``target`` (a path, or an open file descriptor) made ``mode`` where it is ours and not so already; a
+    file system that refuses leaves it as it is."""
     try:
-        info = os.stat(path)
-        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != PRIVATE_DIR_MODE:
-            os.chmod(path, PRIVATE_DIR_MODE)
+        info = os.stat(target)
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != mode:
+            os.chmod(target, mode)
     except OSError:
         pass
-    return path
 
 
 def private_open(path: str | os.PathLike, mode: str = "a", **kwargs):
@@ -116,12 +122,7 @@ def private_open(path: str | os.PathLike, mode: str = "a", **kwargs):
     existing file of ours is made 0600."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
     fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE_MODE)
-    try:
-        info = os.fstat(fd)
-        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != PRIVATE_FILE_MODE:
-            os.fchmod(fd, PRIVATE_FILE_MODE)
-    except OSError:
-        pass
+    _make_private(fd, PRIVATE_FILE_MODE)
     return os.fdopen(fd, mode, **kwargs)
 
 

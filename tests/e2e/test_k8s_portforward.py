@@ -65,20 +65,25 @@ def kube_namespace():
     RayClusters(conn, namespace).delete("local")
 
 
-def test_a_raycluster_from_the_api_server_runs_a_job_through_raytrains_port_forward(cli, monkeypatch, tmp_path,
-                                                                                     kube_namespace):
+@pytest.fixture
+def raycluster_local(cli, monkeypatch, kube_namespace):
+    """The RayCluster "local" as `cluster up --k8s` writes it (2 CPUs of workers, a head that takes no work),
+    applied to the API server; its connections go to the e2e cluster's head. (conn, namespace, head, the
+    head's dashboard port)."""
     monkeypatch.setenv("RAYTRAIN_HOME", cli.env["RAYTRAIN_HOME"])
     head = local_head.current()
     assert head is not None, "the e2e cluster should be running"
     conn, namespace = kube_namespace
-
-    # The RayCluster as `cluster up --k8s` writes it: 2 CPUs of workers, a head that takes no work.
     profile = parse_cluster_profile(
         {"kind": "kuberay", "name": "local", "workers": {"group-name": "cpu", "cpu": 2, "gpu": 0, "replicas": 1}}
     )
     clusters = RayClusters(conn, namespace)
     clusters.apply(clusters.render(profile, "local"))
-    dashboard_port = int(head.dashboard_url.rsplit(":", 1)[1])
+    return conn, namespace, head, int(head.dashboard_url.rsplit(":", 1)[1])
+
+
+def test_a_raycluster_from_the_api_server_runs_a_job_through_raytrains_port_forward(tmp_path, raycluster_local):
+    conn, namespace, head, dashboard_port = raycluster_local
     StreamsToLocalHead.opened.clear()
 
     target = RayClusterJobsTarget(
@@ -107,7 +112,7 @@ def test_a_raycluster_from_the_api_server_runs_a_job_through_raytrains_port_forw
         target.close()
 
 
-def test_submit_and_follow_through_the_cli_closes_the_port_forward(cli, monkeypatch, tmp_path, kube_namespace):
+def test_submit_and_follow_through_the_cli_closes_the_port_forward(monkeypatch, tmp_path, raycluster_local):
     """`raytrain submit --k8s --cluster NAME` (following the job to its end, in-process): once the command has
     returned, the port-forward's local end (127.0.0.1, open to every local user) accepts nothing."""
     from click.testing import CliRunner
@@ -115,16 +120,7 @@ def test_submit_and_follow_through_the_cli_closes_the_port_forward(cli, monkeypa
     from raytrain.cli.main import main
     from raytrain.targets import k8s_portforward
 
-    monkeypatch.setenv("RAYTRAIN_HOME", cli.env["RAYTRAIN_HOME"])
-    head = local_head.current()
-    assert head is not None, "the e2e cluster should be running"
-    conn, namespace = kube_namespace
-    profile = parse_cluster_profile(
-        {"kind": "kuberay", "name": "local", "workers": {"group-name": "cpu", "cpu": 2, "gpu": 0, "replicas": 1}}
-    )
-    clusters = RayClusters(conn, namespace)
-    clusters.apply(clusters.render(profile, "local"))
-    dashboard_port = int(head.dashboard_url.rsplit(":", 1)[1])
+    conn, namespace, head, dashboard_port = raycluster_local
     forwarders = []
 
     class ToLocalHead(RayClusterJobsTarget):  # what the CLI builds, its pod streams going to the local head

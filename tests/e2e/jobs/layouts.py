@@ -70,6 +70,33 @@ def micro_batches(ctx, step: int):
     return [samples(step, first + m * ctx.micro_batch, ctx.micro_batch) for m in range(ctx.grad_accum)]
 
 
+def world_mean(ctx, value):
+    """The mean of ``value`` over the world (tensor-parallel ranks hold the same value: the world mean is the
+    data-parallel mean)."""
+    t = torch.tensor(float(value))
+    dist.all_reduce(t)
+    return float(t) / ctx.world_size
+
+
+def data_parallel_step(ctx, engine, batches, loss_scale=None):
+    """One step of a ``ctx.deepspeed`` engine over this rank's micro-batches; the global mean loss.
+    ``loss_scale``: each micro-batch's loss times it (nonfinite.py's step that makes no update)."""
+    total = 0.0
+    for x, y in batches:
+        loss = loss_fn(engine(x.to(ctx.device, ctx.dtype)), y.to(ctx.device))
+        if loss_scale is not None:
+            loss = loss * loss_scale
+        engine.backward(loss)
+        engine.step()
+        total += float(loss)
+    return world_mean(ctx, total / ctx.grad_accum)
+
+
+def data_parallel_probe_loss(ctx, engine, probe):
+    with torch.no_grad():
+        return world_mean(ctx, loss_fn(engine(probe[0].to(ctx.device, ctx.dtype)), probe[1].to(ctx.device)))
+
+
 def train(ctx):
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=6)
@@ -92,23 +119,11 @@ def train(ctx):
     else:
         engine = ctx.deepspeed(Net(layers(), ctx.checkpointed), optimizer=sgd)
 
-        def world_mean(value):  # tensor-parallel ranks hold the same value: the world mean is the dp mean
-            t = torch.tensor(float(value))
-            dist.all_reduce(t)
-            return float(t) / ctx.world_size
-
         def train_step(step):
-            total = 0.0
-            for x, y in micro_batches(ctx, step):
-                loss = loss_fn(engine(x.to(ctx.device, ctx.dtype)), y.to(ctx.device))
-                engine.backward(loss)
-                engine.step()
-                total += float(loss)
-            return world_mean(total / ctx.grad_accum)
+            return data_parallel_step(ctx, engine, micro_batches(ctx, step))
 
         def probe_loss():
-            with torch.no_grad():
-                return world_mean(loss_fn(engine(probe[0].to(ctx.device, ctx.dtype)), probe[1].to(ctx.device)))
+            return data_parallel_probe_loss(ctx, engine, probe)
 
     forwards = [0]
     blocks = [m for m in engine.module.modules() if isinstance(m, Block)]

@@ -12,9 +12,8 @@ import argparse
 import math
 
 import torch
-import torch.distributed as dist
 
-from layouts import Net, layers, loss_fn, samples
+from layouts import Net, data_parallel_probe_loss, data_parallel_step, layers, loss_fn, samples
 
 
 def micro_batches(ctx, step, bad_step, bad):
@@ -53,25 +52,13 @@ def train(ctx):
     else:
         engine = ctx.deepspeed(Net(layers(), ctx.checkpointed), optimizer=sgd)
 
-        def world_mean(value):
-            t = torch.tensor(float(value))
-            dist.all_reduce(t)
-            return float(t) / ctx.world_size
-
         def train_step(step):
-            total = 0.0
-            for x, y in micro_batches(ctx, step, args.bad_step, args.bad):
-                loss = loss_fn(engine(x.to(ctx.device, ctx.dtype)), y.to(ctx.device))
-                if args.bad == "zero" and step == args.bad_step:
-                    loss = loss * 0.0
-                engine.backward(loss)
-                engine.step()
-                total += float(loss)
-            return world_mean(total / ctx.grad_accum)
+            zero = args.bad == "zero" and step == args.bad_step
+            return data_parallel_step(ctx, engine, micro_batches(ctx, step, args.bad_step, args.bad),
+                                      loss_scale=0.0 if zero else None)
 
         def probe_loss():
-            with torch.no_grad():
-                return world_mean(loss_fn(engine(probe[0].to(ctx.device, ctx.dtype)), probe[1].to(ctx.device)))
+            return data_parallel_probe_loss(ctx, engine, probe)
 
     for step in range(args.steps):
         metrics = {"loss": train_step(step)}
