@@ -25,9 +25,13 @@ A/B; end-to-end wall time; peak RSS per worker; and the largest loss difference 
 (the two sides do the same arithmetic, so it should be 0 or tiny). Goals (issue 8): steady A/B <= 1.02,
 first step A/B <= 1.5. Writes --out (JSON) and prints a markdown table on stdout.
 
-``--guards-ab``: instead, the cost of raytrain's step guards (the non-finite guard: one all-reduce of a flag
-per step and a finiteness check of each gradient): side B twice, guards on vs off (``BARE_RUNNER_NO_GUARD=1``,
-a switch of this benchmark's runner, not of raytrain), alternating, no Ray cluster; goal on/off <= 1.01.
+``--guards-ab``: instead, the cost of raytrain's step guards: the non-finite guard (one all-reduce of a flag
+per step and a finiteness check of each gradient), the heartbeat's phase marks, the straggler watch's compute
+timing (every collective's wait timed) and a beat thread running the straggler rule every 2 s in the training
+process (in a raytrain job the board and the watchdog live in other processes): side B twice, guards on vs off
+(``BARE_RUNNER_NO_GUARD=1``, a switch of this benchmark's runner, not of raytrain; in raytrain
+``--hang-timeout 0`` turns the watchdog and the timing off, the non-finite guard has no off switch),
+alternating, no Ray cluster; goal on/off <= 1.01.
 
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
