@@ -150,6 +150,21 @@ def _start_watch() -> None:
     threading.Thread(target=beat, name="raytrain-heartbeat", daemon=True).start()
 
 
+def _count_waits() -> list:
+    """Count the collective waits the straggler watch times (its cost is two clock reads per wait): [waits]."""
+    from torch.distributed.distributed_c10d import Work
+
+    count = [0]
+    timed = Work.wait
+
+    def wait(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        count[0] += 1
+        return timed(self, *args, **kwargs)
+
+    Work.wait = wait
+    return count
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: torchrun --nproc_per_node N bench/bare_runner.py PLAN.json", file=sys.stderr)
@@ -181,6 +196,7 @@ def main(argv: list[str]) -> int:
     else:  # the "on" side: also the heartbeat and the straggler watch, as on raytrain's workers
         _start_watch()
     guard_time = _time_guard() if os.environ.get("BARE_RUNNER_GUARD_TIMING") else None
+    waits = _count_waits() if guard_time is not None and not os.environ.get("BARE_RUNNER_NO_GUARD") else None
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     ctx = BareContext(plan, rank=rank, local_rank=local_rank, world_size=world, monitor_interval=interval)
     if rank == 0:
@@ -192,8 +208,11 @@ def main(argv: list[str]) -> int:
     module.train(ctx)
     ctx.finish()
     if guard_time is not None:  # overhead.py --guards-ab: the guard's own seconds, beside the run's step times
+        from raytrain.runtime import collective_time
+
         print(f"bare_runner: rank {rank} guard_s {guard_time[0]:.6f} steps {guard_time[1]} "
-              f"agree_s {guard_time[2]:.6f}", flush=True)
+              f"agree_s {guard_time[2]:.6f} waits {waits[0] if waits else 0} "
+              f"collective_wait_s {collective_time.seconds():.6f}", flush=True)
     dist.destroy_process_group()
     return 0
 

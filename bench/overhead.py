@@ -289,15 +289,21 @@ def guards_ab(args: argparse.Namespace, configs: dict, env: dict[str, str], bare
         a = bl.median([r.steady_step_s for r in on if r.ok and r.steady_step_s])
         b = bl.median([r.steady_step_s for r in off if r.ok and r.steady_step_s])
         pairs = [bl.ratio(x.steady_step_s, y.steady_step_s) for x, y in zip(on, off) if x.ok and y.ok]
+        # with --bare-env BARE_RUNNER_GUARD_TIMING=1: the guard's own seconds and the timed waits per step
+        timing = [t for r in on if r.ok for t in (r.extra.get("guard_timing") or {}).values() if t.get("steps")]
+        guard_ms = bl.median([1000 * t["guard_s"] / t["steps"] for t in timing])
+        waits = bl.median([t["waits"] / t["steps"] for t in timing])
         results["configs"][label] = {"flags": cfg["flags"], "steady_on_s": a, "steady_off_s": b,
                                      "ratio": bl.ratio(a, b), "round_ratios": pairs,
+                                     "guard_ms_per_step": guard_ms, "timed_waits_per_step": waits,
                                      "runs": [r.to_dict() for r in on + off]}
         rows.append([label, bl.fmt(a, " s", 4), bl.fmt(b, " s", 4), bl.fmt(bl.ratio(a, b), "", 3),
-                     ", ".join(bl.fmt(p, "", 3) for p in pairs)])
+                     ", ".join(bl.fmt(p, "", 3) for p in pairs), bl.fmt(guard_ms, " ms", 2), bl.fmt(waits, "", 0)])
     path = bl.write_json(args.out, results)
     print(f"## step guards on vs off: {args.workers} CPU workers (torchrun), {args.precision}, "
           f"grad-accum {args.grad_accum}, {args.rounds} round(s), `{args.job} {args.job_args}`\n")
-    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "per round"], rows))
+    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "per round",
+                             "non-finite guard per step", "timed waits per step"], rows))
     print(f"\nmedians over rounds of the median step_time_s after {args.warmup} warm-up steps. Goal: on/off <= "
           f"{GOAL_GUARDS}.\nJSON: {path}")
     failed = [r for c in results["configs"].values() for r in c["runs"] if not r["ok"]]

@@ -64,7 +64,7 @@ def test_recorded_clean_run_of_500_steps_gives_no_alarm():
     """Real compute times of 2 CPU workers (tests/e2e/jobs/straggler.py --steps 500 --work-ms 30, gloo, ZeRO-0),
     replayed step by step; also with every step's timings shuffled between the ranks."""
     recorded = {int(r): v for r, v in json.loads(RECORDED.read_text()).items()}
-    assert sorted(recorded) == [0, 1] and min(len(v) for v in recorded.values()) >= 200
+    assert sorted(recorded) == [0, 1] and min(len(v) for v in recorded.values()) >= 490
     d = straggler.Detector()
     for step in sorted({s for v in recorded.values() for s, _ in v}):
         assert d.update([{"rank": r, "compute": [c for c in v if c[0] == step]} for r, v in recorded.items()]) == []
