@@ -9,6 +9,8 @@ The rule, over the last WINDOW steps that every rank has reported: at a step, a 
 time is more than RATIO x the median of the other ranks' and at least MIN_EXCESS_S more (scheduler noise on
 millisecond steps is not a straggler). A rank slow in at least RAISE_IN of the WINDOW steps is a straggler;
 it has recovered when it is slow in at most CLEAR_IN of them (the gap keeps a borderline rank from flapping).
+The first WARMUP_STEPS steps a worker group reports are not judged: ranks warm up unevenly (caches, allocator,
+the other processes a worker starts), which is no straggler.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ WINDOW = 10
 RAISE_IN = 8
 CLEAR_IN = 2
 MIN_EXCESS_S = 0.01
+WARMUP_STEPS = 20
 EXACT_UP_TO = 16  # above this many ranks "the others' median" is everyone's (one rank barely moves it): O(ranks)
 HISTORY = 256  # steps kept per rank: beats of two ranks come up to a beat interval apart
 
@@ -29,16 +32,16 @@ def _median(values: list[float]) -> float:
     return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
 
 
-def slow_counts(history: dict[int, dict[int, float]], upto: int | None = None
+def slow_counts(history: dict[int, dict[int, float]], upto: int | None = None, after: int | None = None
                 ) -> tuple[dict[int, int], dict[int, float], list[int]]:
     """(rank -> steps slow in the window, rank -> median ratio to the others over the window, the window's
-    steps): the last WINDOW steps every rank reported (up to step ``upto``). Empty until there are WINDOW such
-    steps (or with fewer than two ranks)."""
+    steps): the last WINDOW steps every rank reported (after step ``after``, up to step ``upto``). Empty until
+    there are WINDOW such steps (or with fewer than two ranks)."""
     ranks = sorted(history)
     if len(ranks) < 2:
         return {}, {}, []
     common = set.intersection(*(set(history[r]) for r in ranks))
-    window = sorted(s for s in common if upto is None or s <= upto)[-WINDOW:]
+    window = sorted(s for s in common if (upto is None or s <= upto) and (after is None or s > after))[-WINDOW:]
     if len(window) < WINDOW:
         return {}, {}, []
     counts = {r: 0 for r in ranks}
@@ -61,12 +64,14 @@ class Detector:
         self.history: dict[int, dict[int, float]] = {}
         self.nodes: dict[int, str] = {}
         self.active: dict[int, dict[str, Any]] = {}  # rank -> its straggler event (the episode)
+        self.first: dict[int, int] = {}  # rank -> the first step it reported (warm-up counts from there)
 
     def add(self, rank: int, compute: Iterable[Any], node: str | None = None) -> None:
         """``compute``: [step, seconds] pairs (any order, repeats fine)."""
         steps = self.history.setdefault(int(rank), {})
         for step, seconds in compute:
             steps[int(step)] = float(seconds)
+            self.first[int(rank)] = min(self.first.get(int(rank), int(step)), int(step))
         if len(steps) > HISTORY:
             for step in sorted(steps)[:len(steps) - HISTORY]:
                 del steps[step]
@@ -80,15 +85,19 @@ class Detector:
             event = {"state": "recovered", "rank": rank, "node": episode.get("node"), "step": None,
                      "message": f"rank {rank}: straggler alarm cleared (the workers restarted)"}
             out.append(event)
-        self.history, self.nodes, self.active = {}, {}, {}
+        self.history, self.nodes, self.active, self.first = {}, {}, {}, {}
         return out
+
+    def warm_after(self) -> int | None:
+        """Steps up to this one are warm-up (not judged)."""
+        return max(self.first.values()) + WARMUP_STEPS - 1 if self.first else None
 
     def update(self, beats: Iterable[dict] = ()) -> list[dict[str, Any]]:
         """Feed the latest heartbeats; the straggler events to emit (state "slow" or "recovered")."""
         for beat in beats:
             if beat.get("rank") is not None and beat.get("compute"):
                 self.add(beat["rank"], beat["compute"], beat.get("node"))
-        counts, ratios, window = slow_counts(self.history)
+        counts, ratios, window = slow_counts(self.history, after=self.warm_after())
         out = []
         for rank in sorted(set(counts) | set(self.active)):
             slow = counts.get(rank)
@@ -113,8 +122,8 @@ class Detector:
         (the event itself waits for the next beat and poll)."""
         ends = sorted(set.intersection(*(set(h) for h in self.history.values())))
         for end in ends:
-            if WINDOW <= len([s for s in ends if s <= end]) and end <= last:
-                counts, _, _ = slow_counts(self.history, upto=end)
+            if end <= last:
+                counts, _, _ = slow_counts(self.history, upto=end, after=self.warm_after())
                 if counts.get(rank, 0) >= RAISE_IN:
                     return end
         return last
