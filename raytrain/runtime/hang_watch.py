@@ -148,7 +148,10 @@ class Watchdog(threading.Thread):
 
         for change in changes:
             emit(events.STRAGGLER, **change)
-            ray.get(self.board.straggling.remote(change), timeout=CALL_TIMEOUT_S)
+            try:
+                ray.get(self.board.straggling.remote(change), timeout=CALL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 (the trackers miss this note; the event is in the log)
+                print(f"raytrain: straggler note: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def report(self, idle: float, timeout: float, action: str, ranks: int) -> None:
         """``ranks``: how many ranks beat in this worker group (an elastic group may be smaller than the plan's)."""
