@@ -85,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="one round, few steps, ZeRO 1 only")
     p.add_argument("--guards-ab", action="store_true",
                    help="steady step with raytrain's step guards on vs off (torchrun side only, no cluster)")
+    p.add_argument("--same-processes", action="store_true",
+                   help="--guards-ab in the same two processes, rounds alternating between an engine with every "
+                        "guard and one without (bench/guards_inproc.py): load that drifts stays out of the ratio")
+    p.add_argument("--inproc-model", default="512,4,32", metavar="DIM,LAYERS,BATCH",
+                   help="--same-processes: the MLP (default %(default)s)")
+    p.add_argument("--inproc-steps", type=int, default=40, help="--same-processes: steps per round")
     args = p.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.smoke else 3
@@ -203,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         request = bl.dry_run_plan(job, flags, job_args, env)
         configs[f"zero{zero}"] = {"flags": flags, "plan": request["plan"], "deepspeed": request["deepspeed"], "runs": []}
 
+    if args.guards_ab and args.same_processes:
+        return guards_same_processes(args)
     if args.guards_ab:
         return guards_ab(args, configs, env, bare_extra)
     bl.log(f"overhead: {len(configs)} config(s) x {args.rounds} round(s), job {args.job} {args.job_args}")
@@ -308,6 +316,30 @@ def guards_ab(args: argparse.Namespace, configs: dict, env: dict[str, str], bare
           f"{GOAL_GUARDS}.\nJSON: {path}")
     failed = [r for c in results["configs"].values() for r in c["runs"] if not r["ok"]]
     return 1 if failed else 0
+
+
+def guards_same_processes(args: argparse.Namespace) -> int:
+    """Every guard on vs off, rounds alternating inside the same two processes (bench/guards_inproc.py)."""
+    import guards_inproc
+
+    dim, layers, batch = (int(v) for v in args.inproc_model.split(","))
+    rows, results = [], {"benchmark": "guards-same-processes", "machine": bl.machine(), "configs": {}}
+    for zero in args.zero:
+        r = guards_inproc.measure(zero=zero, steps=args.inproc_steps, rounds=args.rounds, dim=dim, layers=layers,
+                                  batch=batch)
+        results["configs"][f"zero{zero}"] = r
+        bl.log(f"guards (same processes): zero{zero} on {r['steady_on_s'] * 1000:.2f} ms, off "
+               f"{r['steady_off_s'] * 1000:.2f} ms, on/off {r['ratio']:.4f}, paired {r['paired_ratio']:.4f}")
+        rows.append([f"zero{zero}", bl.fmt(r["steady_on_s"], " ms", 2, 1000), bl.fmt(r["steady_off_s"], " ms", 2, 1000),
+                     bl.fmt(r["ratio"], "", 4), bl.fmt(r["paired_ratio"], "", 4),
+                     ", ".join(bl.fmt(p, "", 3) for p in r["round_ratios"])])
+    path = bl.write_json(args.out, results)
+    print(f"## every guard on vs off, same 2 CPU processes (gloo, fp32), MLP {dim} x {layers} layers, batch {batch}, "
+          f"{args.rounds} round(s) of {args.inproc_steps} steps per side\n")
+    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "paired rounds (median)",
+                             "per round"], rows))
+    print(f"\nGoal: on/off <= {GOAL_GUARDS}.\nJSON: {path}")
+    return 0
 
 
 if __name__ == "__main__":

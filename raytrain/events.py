@@ -178,9 +178,9 @@ class JobFacts:
             self.refused.append(event)
 
     def warnings(self) -> list[str]:
-        """A hang's line per rank (until a step is reported after it); a straggler's line (until it recovers); what the job's workers could not measure
-        or keep: a memory sampler that failed (its peaks stop there), a tracker that was dropped (its run stops
-        there), a rank log the storage did not take."""
+        """A hang's line per rank (until a step is reported after it); a straggler's line (until it recovers);
+        what the job's workers could not measure or keep: a memory sampler that failed (its peaks stop there), a
+        tracker that was dropped (its run stops there), a rank log the storage did not take."""
         hung = [f"hung: no step finished for {self.hang.get('idle_s', 0):.0f} s ({self.hang.get('action')}): {line}"
                 for line in self.hang.get("lines") or []] if self.hang else []
         slow = [f"straggler: {e.get('message')}" for _, e in sorted(self.stragglers.items())]
