@@ -84,6 +84,10 @@ class BareContext:
 
         self.engine = build_engine(model, optimizer=optimizer, config=copy.deepcopy(self.config),
                                    lr_scheduler=lr_scheduler, model_parameters=model_parameters, **kwargs)
+        if not os.environ.get("BARE_RUNNER_NO_GUARD"):  # the phase marks raytrain's ctx puts on every engine
+            from raytrain.runtime import heartbeat
+
+            heartbeat.instrument(self.engine)
         return self.engine
 
     def report(self, metrics: dict[str, Any], *, checkpoint: bool | None = None) -> None:
@@ -122,6 +126,45 @@ def _time_guard() -> list:
     return total
 
 
+def _start_watch() -> None:
+    """What raytrain's heartbeats and straggler watch do, without Ray: each step's compute time (collective
+    waits timed, raytrain.runtime.collective_time) and a daemon thread that every heartbeat.BEAT_S takes the
+    rank's snapshot and runs the straggler rule on it (the board and the driver's watchdog, both in other
+    processes in a raytrain job, here in the training process itself: an upper bound of their cost)."""
+    import threading
+    import time
+
+    from raytrain import straggler
+    from raytrain.runtime import heartbeat
+
+    heartbeat.STATE.training_ident = threading.get_ident()
+    heartbeat.STATE.time_compute()
+    detector = straggler.Detector()
+
+    def beat() -> None:
+        while True:
+            time.sleep(heartbeat.BEAT_S)
+            snapshot = {**heartbeat.STATE.snapshot(), "rank": 0}
+            detector.update([snapshot, {**snapshot, "rank": 1}])
+
+    threading.Thread(target=beat, name="raytrain-heartbeat", daemon=True).start()
+
+
+def _count_waits() -> list:
+    """Count the collective waits the straggler watch times (its cost is two clock reads per wait): [waits]."""
+    from torch.distributed.distributed_c10d import Work
+
+    count = [0]
+    timed = Work.wait
+
+    def wait(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        count[0] += 1
+        return timed(self, *args, **kwargs)
+
+    Work.wait = wait
+    return count
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: torchrun --nproc_per_node N bench/bare_runner.py PLAN.json", file=sys.stderr)
@@ -150,7 +193,10 @@ def main(argv: list[str]) -> int:
         from raytrain.runtime import guard
 
         guard.install = lambda engine, **kw: None
+    else:  # the "on" side: also the heartbeat and the straggler watch, as on raytrain's workers
+        _start_watch()
     guard_time = _time_guard() if os.environ.get("BARE_RUNNER_GUARD_TIMING") else None
+    waits = _count_waits() if guard_time is not None and not os.environ.get("BARE_RUNNER_NO_GUARD") else None
     interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
     ctx = BareContext(plan, rank=rank, local_rank=local_rank, world_size=world, monitor_interval=interval)
     if rank == 0:
@@ -162,8 +208,11 @@ def main(argv: list[str]) -> int:
     module.train(ctx)
     ctx.finish()
     if guard_time is not None:  # overhead.py --guards-ab: the guard's own seconds, beside the run's step times
+        from raytrain.runtime import collective_time
+
         print(f"bare_runner: rank {rank} guard_s {guard_time[0]:.6f} steps {guard_time[1]} "
-              f"agree_s {guard_time[2]:.6f}", flush=True)
+              f"agree_s {guard_time[2]:.6f} waits {waits[0] if waits else 0} "
+              f"collective_wait_s {collective_time.seconds():.6f}", flush=True)
     dist.destroy_process_group()
     return 0
 

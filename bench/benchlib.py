@@ -314,6 +314,11 @@ def run_bare(plan: dict[str, Any], env: dict[str, str], *, label: str, rnd: int,
     fill_from_facts(run, JobFacts.from_lines(proc.stdout.splitlines()), t0, warmup, cpu)
     if ray_driver:
         run.extra["ray_drivers"] = proc.stdout.count(" is a Ray driver of ")  # processes that did connect
+    for line in proc.stdout.splitlines():  # BARE_RUNNER_GUARD_TIMING: each rank's seconds inside the guards
+        if line.startswith("bare_runner: rank ") and " guard_s " in line:
+            words = line.split()
+            fields = dict(zip(words[3::2], words[4::2]))
+            run.extra.setdefault("guard_timing", {})[words[2]] = {k: float(v) for k, v in fields.items()}
     if proc.returncode != 0:
         run.error = f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"
     run.ok = proc.returncode == 0 and run.steps > 0

@@ -25,9 +25,13 @@ A/B; end-to-end wall time; peak RSS per worker; and the largest loss difference 
 (the two sides do the same arithmetic, so it should be 0 or tiny). Goals (issue 8): steady A/B <= 1.02,
 first step A/B <= 1.5. Writes --out (JSON) and prints a markdown table on stdout.
 
-``--guards-ab``: instead, the cost of raytrain's step guards (the non-finite guard: one all-reduce of a flag
-per step and a finiteness check of each gradient): side B twice, guards on vs off (``BARE_RUNNER_NO_GUARD=1``,
-a switch of this benchmark's runner, not of raytrain), alternating, no Ray cluster; goal on/off <= 1.01.
+``--guards-ab``: instead, the cost of raytrain's step guards: the non-finite guard (one all-reduce of a flag
+per step and a finiteness check of each gradient), the heartbeat's phase marks, the straggler watch's compute
+timing (every collective's wait timed) and a beat thread running the straggler rule every 2 s in the training
+process (in a raytrain job the board and the watchdog live in other processes): side B twice, guards on vs off
+(``BARE_RUNNER_NO_GUARD=1``, a switch of this benchmark's runner, not of raytrain; in raytrain
+``--hang-timeout 0`` turns the watchdog and the timing off, the non-finite guard has no off switch),
+alternating, no Ray cluster; goal on/off <= 1.01.
 
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
@@ -81,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="one round, few steps, ZeRO 1 only")
     p.add_argument("--guards-ab", action="store_true",
                    help="steady step with raytrain's step guards on vs off (torchrun side only, no cluster)")
+    p.add_argument("--same-processes", action="store_true",
+                   help="--guards-ab in the same two processes, rounds alternating between an engine with every "
+                        "guard and one without (bench/guards_inproc.py): load that drifts stays out of the ratio")
+    p.add_argument("--inproc-model", default="512,4,32", metavar="DIM,LAYERS,BATCH",
+                   help="--same-processes: the MLP (default %(default)s)")
+    p.add_argument("--inproc-steps", type=int, default=40, help="--same-processes: steps per round")
     args = p.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.smoke else 3
@@ -199,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         request = bl.dry_run_plan(job, flags, job_args, env)
         configs[f"zero{zero}"] = {"flags": flags, "plan": request["plan"], "deepspeed": request["deepspeed"], "runs": []}
 
+    if args.guards_ab and args.same_processes:
+        return guards_same_processes(args)
     if args.guards_ab:
         return guards_ab(args, configs, env, bare_extra)
     bl.log(f"overhead: {len(configs)} config(s) x {args.rounds} round(s), job {args.job} {args.job_args}")
@@ -285,19 +297,49 @@ def guards_ab(args: argparse.Namespace, configs: dict, env: dict[str, str], bare
         a = bl.median([r.steady_step_s for r in on if r.ok and r.steady_step_s])
         b = bl.median([r.steady_step_s for r in off if r.ok and r.steady_step_s])
         pairs = [bl.ratio(x.steady_step_s, y.steady_step_s) for x, y in zip(on, off) if x.ok and y.ok]
+        # with --bare-env BARE_RUNNER_GUARD_TIMING=1: the guard's own seconds and the timed waits per step
+        timing = [t for r in on if r.ok for t in (r.extra.get("guard_timing") or {}).values() if t.get("steps")]
+        guard_ms = bl.median([1000 * t["guard_s"] / t["steps"] for t in timing])
+        waits = bl.median([t["waits"] / t["steps"] for t in timing])
         results["configs"][label] = {"flags": cfg["flags"], "steady_on_s": a, "steady_off_s": b,
                                      "ratio": bl.ratio(a, b), "round_ratios": pairs,
+                                     "guard_ms_per_step": guard_ms, "timed_waits_per_step": waits,
                                      "runs": [r.to_dict() for r in on + off]}
         rows.append([label, bl.fmt(a, " s", 4), bl.fmt(b, " s", 4), bl.fmt(bl.ratio(a, b), "", 3),
-                     ", ".join(bl.fmt(p, "", 3) for p in pairs)])
+                     ", ".join(bl.fmt(p, "", 3) for p in pairs), bl.fmt(guard_ms, " ms", 2), bl.fmt(waits, "", 0)])
     path = bl.write_json(args.out, results)
     print(f"## step guards on vs off: {args.workers} CPU workers (torchrun), {args.precision}, "
           f"grad-accum {args.grad_accum}, {args.rounds} round(s), `{args.job} {args.job_args}`\n")
-    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "per round"], rows))
+    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "per round",
+                             "non-finite guard per step", "timed waits per step"], rows))
     print(f"\nmedians over rounds of the median step_time_s after {args.warmup} warm-up steps. Goal: on/off <= "
           f"{GOAL_GUARDS}.\nJSON: {path}")
     failed = [r for c in results["configs"].values() for r in c["runs"] if not r["ok"]]
     return 1 if failed else 0
+
+
+def guards_same_processes(args: argparse.Namespace) -> int:
+    """Every guard on vs off, rounds alternating inside the same two processes (bench/guards_inproc.py)."""
+    import guards_inproc
+
+    dim, layers, batch = (int(v) for v in args.inproc_model.split(","))
+    rows, results = [], {"benchmark": "guards-same-processes", "machine": bl.machine(), "configs": {}}
+    for zero in args.zero:
+        r = guards_inproc.measure(zero=zero, steps=args.inproc_steps, rounds=args.rounds, dim=dim, layers=layers,
+                                  batch=batch)
+        results["configs"][f"zero{zero}"] = r
+        bl.log(f"guards (same processes): zero{zero} on {r['steady_on_s'] * 1000:.2f} ms, off "
+               f"{r['steady_off_s'] * 1000:.2f} ms, on/off {r['ratio']:.4f}, paired {r['paired_ratio']:.4f}")
+        rows.append([f"zero{zero}", bl.fmt(r["steady_on_s"], " ms", 2, 1000), bl.fmt(r["steady_off_s"], " ms", 2, 1000),
+                     bl.fmt(r["ratio"], "", 4), bl.fmt(r["paired_ratio"], "", 4),
+                     ", ".join(bl.fmt(p, "", 3) for p in r["round_ratios"])])
+    path = bl.write_json(args.out, results)
+    print(f"## every guard on vs off, same 2 CPU processes (gloo, fp32), MLP {dim} x {layers} layers, batch {batch}, "
+          f"{args.rounds} round(s) of {args.inproc_steps} steps per side\n")
+    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "paired rounds (median)",
+                             "per round"], rows))
+    print(f"\nGoal: on/off <= {GOAL_GUARDS}.\nJSON: {path}")
+    return 0
 
 
 if __name__ == "__main__":

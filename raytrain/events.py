@@ -35,6 +35,7 @@ ERROR = "error"  # driver: training raised; message and exception type
 STOPPED = "stopped"  # driver: SIGTERM (`jobs stop`, or its cluster stopping) ends the job
 ENGINE = "engine"  # rank 0: what DeepSpeed built (ZeRO stage, offload, tp/pp/dp sizes, batch), read from the engine
 HANG = "hang"  # driver: no rank finished a step for the hang timeout; one line per rank (raytrain.hang)
+STRAGGLER = "straggler"  # driver: a rank became a straggler (state "slow") or recovered (raytrain.straggler)
 STACKS = "stacks"  # `jobs stack`'s utility job: every rank's stacks now
 SKIPPED = "skipped"  # rank 0: every rank skipped an optimizer step: a non-finite loss/gradients (runtime.guard)
 REFUSED = "checkpoint_refused"  # rank 0: a checkpoint was not written: the weights are non-finite
@@ -113,6 +114,7 @@ class JobFacts:
     error: dict | None = None
     stopped: dict | None = None
     hang: dict | None = None  # the latest hang event, until a step is reported after it
+    stragglers: dict[int, dict] = field(default_factory=dict)  # rank -> its straggler event, until it recovers
     skipped: list[dict] = field(default_factory=list)  # steps the non-finite guard skipped (step, message)
     refused: list[dict] = field(default_factory=list)  # checkpoints not written (non-finite weights)
 
@@ -167,18 +169,24 @@ class JobFacts:
             self.stopped = event
         elif kind == HANG:
             self.hang = event
+        elif kind == STRAGGLER:
+            if event.get("state") == "slow":
+                self.stragglers[int(event.get("rank", 0))] = event
+            else:
+                self.stragglers.pop(int(event.get("rank", 0)), None)
         elif kind == SKIPPED:
             self.skipped.append(event)
         elif kind == REFUSED:
             self.refused.append(event)
 
     def warnings(self) -> list[str]:
-        """A hang's line per rank (until a step is reported after it); what the job's workers could not measure
-        or keep: a memory sampler that failed (its peaks stop there), a tracker that was dropped (its run stops
-        there), a rank log the storage did not take."""
+        """A hang's line per rank (until a step is reported after it); a straggler's line (until it recovers);
+        what the job's workers could not measure or keep: a memory sampler that failed (its peaks stop there), a
+        tracker that was dropped (its run stops there), a rank log the storage did not take."""
         hung = [f"hung: no step finished for {self.hang.get('idle_s', 0):.0f} s ({self.hang.get('action')}): {line}"
                 for line in self.hang.get("lines") or []] if self.hang else []
-        return hung + [
+        slow = [f"straggler: {e.get('message')}" for _, e in sorted(self.stragglers.items())]
+        return hung + slow + [
             f"memory sampler failed on rank {rank}: {m['sampler_error']} (memory peaks cover the samples before it)"
             for rank, m in sorted(self.memory.items()) if m.get("sampler_error")
         ] + [f"--track {name} was dropped: {why}" for name, why in sorted(self.trackers_dropped.items())] + [

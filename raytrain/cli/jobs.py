@@ -208,6 +208,19 @@ def logs(job_id, address, follow, verbose, ranks, node, storage, **k8s):
         sys.exit(130)
     if partial[0]:
         write("\n")
+    _say_flight_recorder_dumps(job_id)
+
+
+def _say_flight_recorder_dumps(job_id: str, storage: str | None = None) -> None:
+    """The run's NCCL flight-recorder dumps (GPU workers, after a collective timed out), if its record has any."""
+    from raytrain import api, flight_recorder
+
+    try:
+        found = flight_recorder.dumps(api.record_of(job_id, storage))
+    except OSError:
+        return
+    if found:
+        click.echo(f"raytrain: NCCL flight recorder dumps ({len(found)}): " + ", ".join(map(str, found)), err=True)
 
 
 def _rank_logs(job_id: str, ranks: list[int], node: str | None, storage: str | None, verbose: bool) -> None:
@@ -274,3 +287,4 @@ def stack(job_id, address, as_json, **k8s):
         click.echo("")
         for line in hang.format_stack(report):
             click.echo(line)
+    _say_flight_recorder_dumps(job_id)

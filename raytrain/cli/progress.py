@@ -143,6 +143,15 @@ def describe_eta(facts: events.JobFacts, width: int = 20) -> str:
     return f"[{bar}] {done * 100:3.0f}%{eta}"
 
 
+def describe_stragglers(facts: events.JobFacts) -> str:
+    """The progress line's note of the ranks that are stragglers now, e.g. ``  straggler: rank 1 (10.0.0.2) 2.0x``."""
+    if not facts.stragglers:
+        return ""
+    return "  straggler: " + ", ".join(
+        f"rank {rank}" + (f" ({e['node']})" if e.get("node") else "") + (f" {e['ratio']}x" if e.get("ratio") else "")
+        for rank, e in sorted(facts.stragglers.items()))
+
+
 def describe_ending(event: dict) -> str:
     """The line that says how a job ended, from its finished/error/capacity/invalid/stopped event."""
     kind = event.get("event")
@@ -222,7 +231,7 @@ class ProgressPrinter:
                 f"{m[key] / 1e9:.2f}" for _, m in sorted(self.facts.memory.items()) if m.get(key)
             )
             body += f"  {'GPU mem' if peak[0] == 'gpu' else 'RSS'} peak {per_rank} GB (per worker)"
-        return Text(f"[{elapsed:5.0f}s] {body}", style="bold cyan")
+        return Text(f"[{elapsed:5.0f}s] {body}{describe_stragglers(self.facts)}", style="bold cyan")
 
     def on_text(self, text: str) -> None:
         text = self._partial + text
@@ -246,7 +255,7 @@ class ProgressPrinter:
         kind = event.get("event")
         if kind == events.METRICS and self._live is None:
             eta = describe_eta(self.facts).partition("ETA ")[2]
-            line = describe_metrics(event) + (f"  ETA {eta}" if eta else "")
+            line = describe_metrics(event) + (f"  ETA {eta}" if eta else "") + describe_stragglers(self.facts)
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         elif kind == events.STARTED:
             self.console.print(
@@ -280,6 +289,8 @@ class ProgressPrinter:
                 self.console.print(f"raytrain: {line}", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.RESIZED:
             self.console.print(f"raytrain: {describe_resize(event)}", markup=False, highlight=False, soft_wrap=True)
+        elif kind == events.STRAGGLER:
+            self.console.print(f"raytrain: {event.get('message', '')}", markup=False, highlight=False, soft_wrap=True)
         elif kind in (events.SKIPPED, events.REFUSED):
             self.console.print(f"raytrain: {event.get('message', '')}", markup=False, highlight=False, soft_wrap=True)
         elif self.endings and kind in (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID, events.STOPPED):

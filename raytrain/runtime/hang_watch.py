@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from raytrain import events, hang
+from raytrain import events, hang, straggler
 from raytrain.events import emit
 
 NAMESPACE = "raytrain"
@@ -33,15 +33,20 @@ class Board:
         self.answers: dict[int, dict] = {}  # rank -> its stack report for self.request
         self.exiting: set[int] = set()  # pids told to exit (--on-hang restart)
         self.hang: dict | None = None  # the latest hang's summary: rank 0 notes it in --track's trackers
+        self.straggler: dict | None = None  # the latest straggler episode's change: noted the same way
 
     def beat(self, beat: dict) -> dict:
         if beat.get("pid") in self.exiting:
             return {"exit": True}
         self.beats[int(beat["rank"])] = {**beat, "seen": time.time()}
-        return {"stacks": self.request, **({"hang": self.hang} if self.hang else {})}
+        return {"stacks": self.request, **({"hang": self.hang} if self.hang else {}),
+                **({"straggler": self.straggler} if self.straggler else {})}
 
     def hung(self, summary: dict) -> None:
         self.hang = {**summary, "seq": (self.hang or {}).get("seq", 0) + 1}
+
+    def straggling(self, event: dict) -> None:
+        self.straggler = {**event, "seq": (self.straggler or {}).get("seq", 0) + 1}
 
     def stacks(self, rank: int, request: int, report: dict) -> None:
         if request == self.request:
@@ -100,6 +105,7 @@ class Watchdog(threading.Thread):
         self.collective_timeout_s, self.fail = collective_timeout_s, fail
         self.stopped = threading.Event()
         self.summary: list[str] = []  # the last hang's lines: a failure's reason
+        self.stragglers = straggler.Detector()  # the straggler watch runs on the same polls
 
     def run(self) -> None:
         reported_at: float | None = None  # the step time of the hang already reported
@@ -109,6 +115,7 @@ class Watchdog(threading.Thread):
                 import ray
 
                 beats = ray.get(self.board.snapshot.remote(), timeout=CALL_TIMEOUT_S)
+                self.watch_stragglers(self.stragglers.update(beats))
                 last = max((b["step_done"] for b in beats if b.get("step_done")), default=None)
                 reported = reported_at is not None and reported_at == last
                 action, idle, timeout = hang.decide(
@@ -123,6 +130,7 @@ class Watchdog(threading.Thread):
                     reported_at = last
                 if action == "restart":
                     ray.get(self.board.restart.remote(), timeout=CALL_TIMEOUT_S)
+                    self.watch_stragglers(self.stragglers.reset())
                     reported_at = None
                 elif action == "fail":
                     self.fail("hung: no step finished for {:.0f} s; {}".format(idle, "; ".join(self.summary)))
@@ -132,6 +140,18 @@ class Watchdog(threading.Thread):
                 if problem != said:  # once per distinct problem, not every poll
                     said = problem
                     print(problem, file=sys.stderr)
+
+    def watch_stragglers(self, changes: list[dict]) -> None:
+        """Each straggler episode's start and end: one event each (the log, status, progress) and a note to
+        rank 0 (the trackers)."""
+        import ray
+
+        for change in changes:
+            emit(events.STRAGGLER, **change)
+            try:
+                ray.get(self.board.straggling.remote(change), timeout=CALL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 (the trackers miss this note; the event is in the log)
+                print(f"raytrain: straggler note: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def report(self, idle: float, timeout: float, action: str, ranks: int) -> None:
         """``ranks``: how many ranks beat in this worker group (an elastic group may be smaller than the plan's)."""

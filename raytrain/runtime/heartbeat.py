@@ -14,6 +14,8 @@ import traceback
 from collections import deque
 from typing import Any
 
+from raytrain.runtime import collective_time
+
 BEAT_S = 2.0
 CALL_TIMEOUT_S = 10.0  # one board call; a board that does not answer is retried at the next beat
 
@@ -21,7 +23,8 @@ CALL_TIMEOUT_S = 10.0  # one board call; a board that does not answer is retried
 class State:
     """The training thread's side: plain attribute stores, read (racily, which is fine) by the beat thread."""
 
-    __slots__ = ("step", "step_done", "phase", "phase_since", "durations", "training_ident")
+    __slots__ = ("step", "step_done", "phase", "phase_since", "durations", "training_ident", "compute", "timing",
+                 "waited", "excluded_s", "waited_in_phase")
 
     def __init__(self) -> None:
         self.step: int | None = None  # the last step this rank finished (reported)
@@ -30,14 +33,40 @@ class State:
         self.phase_since = time.time()
         self.durations: deque = deque(maxlen=64)  # recent step times (s): the watchdog's default timeout
         self.training_ident: int | None = None
+        # The straggler watch (raytrain.straggler): each step's compute time, [step, s], once timing is on
+        # (time_compute); the collectives' wait seconds at the last step; checkpoint seconds since it.
+        self.compute: deque = deque(maxlen=256)
+        self.timing = False
+        self.waited = 0.0
+        self.excluded_s = 0.0
+        self.waited_in_phase = 0.0
+
+    def time_compute(self) -> None:
+        """Measure each step's compute time from now on (raytrain.runtime.collective_time)."""
+        self.timing = collective_time.install()
+        self.waited = collective_time.seconds()
 
     def enter(self, phase: str) -> None:
-        self.phase, self.phase_since = phase, time.time()
+        now = time.time()
+        if self.timing and (phase == "checkpoint") != (self.phase == "checkpoint"):  # checkpoints are no compute
+            waited = collective_time.seconds()
+            if phase == "checkpoint":
+                self.waited_in_phase = waited
+            else:  # leaving it: its seconds, less its collectives' (the step already leaves those out)
+                self.excluded_s += (now - self.phase_since) - (waited - self.waited_in_phase)
+        self.phase, self.phase_since = phase, now
 
     def step_finished(self, step: int) -> None:
         now = time.time()
         if self.step_done is not None and self.step is not None and step > self.step:
-            self.durations.append((now - self.step_done) / (step - self.step))
+            steps = step - self.step
+            self.durations.append((now - self.step_done) / steps)
+            if self.timing:
+                waited = collective_time.seconds()
+                busy = (now - self.step_done) - (waited - self.waited) - self.excluded_s
+                self.compute.append((step, round(max(busy, 0.0) / steps, 6)))
+        if self.timing:
+            self.waited, self.excluded_s = collective_time.seconds(), 0.0
         self.step, self.step_done = step, now
         self.phase, self.phase_since = "data", now  # until the next forward: the job fetches its next batch
 
@@ -47,11 +76,12 @@ class State:
 
     def snapshot(self) -> dict[str, Any]:
         return {"step": self.step, "step_done": self.step_done, "phase": self.phase,
-                "phase_since": self.phase_since, "median_step_s": self.median_step_s()}
+                "phase_since": self.phase_since, "median_step_s": self.median_step_s(),
+                **({"compute": list(self.compute)} if self.timing else {})}
 
 
 STATE = State()
-ON_HANG: list = []  # rank 0: callables given each new hang summary (--track's trackers note it)
+ON_HANG: list = []  # rank 0: callables given each new hang or straggler summary (--track's trackers note it)
 
 
 def capture_stacks(training_ident: int | None = None) -> list[dict[str, Any]]:
@@ -98,7 +128,7 @@ class Beat(threading.Thread):
     def run(self) -> None:
         import ray
 
-        answered, hang_seen = 0, 0
+        answered, hang_seen, straggler_seen = 0, 0, 0
         while not self.stopped.is_set():
             try:
                 beat = {**STATE.snapshot(), "rank": self.rank, "node": self.node, "pid": os.getpid()}
@@ -112,6 +142,11 @@ class Beat(threading.Thread):
                     hang_seen = hung["seq"]
                     for listener in ON_HANG:
                         listener({"hang": {k: v for k, v in hung.items() if k != "seq"}})
+                straggler = reply.get("straggler") or {}
+                if straggler.get("seq", 0) > straggler_seen:  # the straggler watch's latest episode
+                    straggler_seen = straggler["seq"]
+                    for listener in ON_HANG:
+                        listener({"straggler": {k: v for k, v in straggler.items() if k != "seq"}})
                 request = int(reply.get("stacks") or 0)
                 if request > answered:
                     answered = request
@@ -124,13 +159,17 @@ class Beat(threading.Thread):
             self.stopped.wait(BEAT_S)
 
 
-def start(rank: int) -> Beat | None:
-    """Mark the calling thread as the training thread and start beating to this job's board (None: no board)."""
+def start(rank: int, time_compute: bool = True) -> Beat | None:
+    """Mark the calling thread as the training thread and start beating to this job's board (None: no board).
+    ``time_compute``: measure each step's compute time for the straggler watch (off with ``--hang-timeout 0``,
+    which turns the driver's watchdog off)."""
     import ray
 
     from raytrain.runtime import hang_watch
 
     STATE.training_ident = threading.get_ident()
+    if time_compute:
+        STATE.time_compute()
     try:
         board = ray.get_actor(hang_watch.board_name(ray.get_runtime_context().get_job_id()),
                               namespace=hang_watch.NAMESPACE)

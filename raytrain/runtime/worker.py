@@ -59,6 +59,12 @@ def _train(config: dict[str, Any]) -> None:
     from raytrain.runtime import early_imports
 
     early_imports.prepare_environment(plan.scaling.use_gpu)
+    if plan.scaling.use_gpu:  # the NCCL flight recorder's dumps land in the run's record (raytrain.flight_recorder)
+        import os
+
+        from raytrain import flight_recorder
+
+        flight_recorder.prepare(os.environ)
     imported_at = early_imports.wait()  # torch and deepspeed may be importing since the process started
     if imported_at is not None:
         timings.emit("early_imports", imported_at, rank=rank)
@@ -72,7 +78,9 @@ def _train(config: dict[str, Any]) -> None:
 
     from raytrain.runtime import heartbeat
 
-    heartbeat.start(rank)  # where this rank is, every few seconds, and its stacks on request (hang watchdog)
+    # where this rank is, every few seconds, its stacks on request (hang watchdog), its compute time per step
+    # (straggler watch); --hang-timeout 0 turns the driver's watchdog, and so the timing, off
+    heartbeat.start(rank, time_compute=plan.hang_timeout_s != 0)
     from raytrain.runtime import core_binding
 
     cores = core_binding.bind_worker(train_ctx.get_local_rank(), train_ctx.get_local_world_size(),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import raytrain
-from raytrain import settings
+from raytrain import flight_recorder, settings
 from raytrain.capacity import Node
 from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects, auth_options_known
@@ -261,6 +261,7 @@ class RayJobTarget(Target):
         env_vars = {
             **RUNTIME_ENV_VARS,
             **allocator_env_vars(plan, jemalloc=False),  # the pods start Ray from their image
+            **flight_recorder.env_vars(plan, run_name, {*(extra.get("env_vars") or {}), *plan.env}),
             **(extra.pop("env_vars", None) or {}),  # the profile's, then the job's --env, win
             **plan.env,
             "RAYTRAIN_PLAN": shipped_plan(plan),

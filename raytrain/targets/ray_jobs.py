@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 import raytrain
-from raytrain import compat, events, placement
+from raytrain import compat, events, flight_recorder, placement
 from raytrain.capacity import Node
 from raytrain.clusters.dashboard import METADATA_KEY, Dashboard, token_headers, user_token
 from raytrain.config.plan import Plan
@@ -127,7 +127,7 @@ class RayJobsTarget(Target):
 
     def runtime_env(self, plan: Plan, run_name: str, shipped: upload.Upload | None = None) -> dict:
         env_vars = {**RUNTIME_ENV_VARS, **allocator_env_vars(plan, jemalloc=self.raytrain_nodes),
-                    **self.runtime_env_vars, **plan.env,
+                    **self.runtime_env_vars, **flight_recorder.env_vars(plan, run_name, plan.env), **plan.env,
                     "RAYTRAIN_PLAN": shipped_plan(plan),
                     "RAYTRAIN_RUN_NAME": run_name}
         shipped = shipped or upload.scan(plan.job_dir, SECRET_EXCLUDES)

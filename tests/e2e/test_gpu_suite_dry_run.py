@@ -22,7 +22,10 @@ def test_the_gpu_suite_dry_run_passes_on_cpu(cli, tmp_path):
     summary = json.loads(out.read_text())
     checks = {c["name"]: c for c in summary["checks"]}
     assert proc.returncode == 0 and summary["ok"] and summary["dry_run"], json.dumps(summary, indent=1)[-6000:]
-    assert list(checks) == ["cuda", "cluster", "gpus", "gpt_bf16", "memory", "planner", "resume", "gpt_fp16", "mfu"]
+    assert list(checks) == ["cuda", "cluster", "gpus", "gpt_bf16", "memory", "planner", "resume", "gpt_fp16", "mfu",
+                            "flight_recorder"]
+    assert checks["flight_recorder"]["env"] == {  # CPU workers: no NCCL flight recorder
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": None, "TORCH_NCCL_DUMP_ON_TIMEOUT": None, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": None}
     assert checks["cuda"]["skipped"] and checks["gpt_fp16"]["skipped"]  # the only steps a CPU cannot do
     assert checks["gpt_bf16"]["checkpoints"] == [5, 10] and checks["resume"]["steps"] == [11, 12, 13, 14]
     assert checks["mfu"]["raytrain_tokens_per_s"] > 0 and checks["mfu"]["bare_tokens_per_s"] > 0

@@ -21,7 +21,11 @@ Steps (each a check in the summary, ``ok`` true/false with its figures):
    (dry run: skipped, DeepSpeed refuses fp16 on CPU);
 9. ``mfu``: bench/gpu_mfu.py's model (GPT-2-medium shape; dry run ``--tiny``) run bare (no Ray, eager bf16)
    and through ``raytrain submit``; raytrain's tokens/s (hence MFU: same model, same FLOPs) over the bare
-   run's, goal >= 0.98 (a goal, reported in ``goals``; dry run: no goal on CPU).
+   run's, goal >= 0.98 (a goal, reported in ``goals``; dry run: no goal on CPU);
+10. ``flight_recorder``: a 1-GPU job (tests/gpu/jobs/flight_recorder.py) sees PyTorch's NCCL flight recorder
+   on (``TORCH_NCCL_TRACE_BUFFER_SIZE=2000``, ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``, the dump prefix inside the run's
+   record, its folder made) and the recorder holds the job's all-reduces (dry run: CPU workers get none of the
+   variables).
 
 ``--use-running-cluster``: use the cluster of the environment's RAYTRAIN_HOME (started if needed) instead of a
 private one, and leave it running (the CPU test of the dry run shares the e2e suite's cluster).
@@ -274,6 +278,27 @@ class Suite:
         if not self.dry and ratio is not None:
             self.goals.append({"name": "mfu_ratio", "goal": GOAL_MFU_RATIO, "value": ratio, "met": ratio >= GOAL_MFU_RATIO})
 
+    def flight_recorder(self) -> None:
+        job_dir = self.work / "flight_recorder"
+        job_dir.mkdir(exist_ok=True)
+        shutil.copy(ROOT / "tests" / "gpu" / "jobs" / "flight_recorder.py", job_dir / "flight_recorder.py")
+        flags = ["--workers", "1", "--zero", "0"] + ([] if self.dry else ["--gpus-per-worker", "1"])
+        info = self.submit(job_dir / "flight_recorder.py", flags, [])
+        log = self.cli("jobs", "logs", info["id"], "-v").stdout
+        seen = [json.loads(line.split("@@flight_recorder ", 1)[1]) for line in log.splitlines()
+                if "@@flight_recorder " in line]
+        rank = seen[0] if seen else {}
+        env = rank.get("env") or {}
+        if self.dry:
+            self.check("flight_recorder", info["state"] == "succeeded" and bool(seen)
+                       and not any(env.values()), env=env, note="dry run: CPU workers get no NCCL recorder")
+            return
+        self.check("flight_recorder", info["state"] == "succeeded" and rank.get("backend") == "nccl"
+                   and env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") == "2000" and env.get("TORCH_NCCL_DUMP_ON_TIMEOUT") == "1"
+                   and "/raytrain/nccl/rank-" in (env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or "")
+                   and rank.get("dump_folder_exists") and (rank.get("entries") or 0) >= 5,
+                   job=info["id"], **rank)
+
     # -- the run ----------------------------------------------------------------------------------------
     def run(self) -> int:
         import torch
@@ -283,7 +308,8 @@ class Suite:
                   file=sys.stderr)
             return 2
         try:
-            for name in ("cuda", "cluster", "gpus", "gpt_bf16", "memory", "planner", "resume", "gpt_fp16", "mfu"):
+            for name in ("cuda", "cluster", "gpus", "gpt_bf16", "memory", "planner", "resume", "gpt_fp16", "mfu",
+                         "flight_recorder"):
                 if name in ("memory", "planner", "resume") and not hasattr(self, "gpt_run"):
                     self.check(name, False, error="no gpt_bf16 run to read")
                     continue
