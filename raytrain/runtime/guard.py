@@ -314,6 +314,10 @@ class StepGuard:
         self._record(step, codes, rows, spike)
         return result
 
+    def _loss_scale_overflow(self, codes: list[int], spike: str | None) -> bool:
+        """Under fp16, a skip for non-finite gradients alone (the loss finite): a loss-scale overflow."""
+        return not spike and not any(c & LOSS for c in codes) and _fp16(self.engine)
+
     def _record(self, step: int, codes: list[int], rows: list, spike: str | None = None) -> None:
         every = self.gather_rows(rows)  # a collective: every rank records the same bad step
         by_rank = {r: _by_name(every[r]) for r in range(len(every))}
@@ -327,11 +331,21 @@ class StepGuard:
         self.skipped.append(record)
         if self.rank == 0:
             self.emit(events.SKIPPED, **record)
+        if self._loss_scale_overflow(codes, spike):
+            return  # fp16's dynamic loss scale finds its level by such skips: they are not a run going bad
         # every rank's rows by (dataset, epoch): what a rollback drops on the way forward, on every rank alike
         self.bad_run.append({"step": step, "message": message, "rows": _by_epoch(every)})
         if self.rollback_after and len(self.bad_run) >= self.rollback_after and self.on_rollback is not None:
             run, self.bad_run = self.bad_run, []
             self.on_rollback(run)
+
+
+def _fp16(engine: Any) -> bool:
+    enabled = getattr(engine, "fp16_enabled", None)
+    try:
+        return bool(enabled()) if callable(enabled) else False
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _what(code: int) -> str:

@@ -70,3 +70,16 @@ def test_a_spike_rolls_back_and_skips_exactly_its_rows(e2e_env, tmp_path):
     assert not ref_facts.skipped and not ref_facts.rollbacks, ref_facts.skipped  # no false alarm
     assert ref["step"] == final["step"], (ref, final)
     assert all(close(a, b, FP32_TOL) for a, b in zip(final["params"], ref["params"])), (final, ref)
+
+
+def test_past_max_rollbacks_the_job_fails_with_the_reason(e2e_env, tmp_path):
+    cli = e2e_env
+    proc = cli("submit", JOB, *FLAGS, "--data", f"train={write(tmp_path / 'rows.jsonl')}", "--rollback-after", "1",
+               "--max-rollbacks", "0", "--", "--spike-ids", "48", timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    reason = "1 bad step in a row (last: step 25 skipped: loss spike"
+    assert reason in out and "after 0 rollbacks (--max-rollbacks 0)" in out, out[-4000:]
+    info = cli.json("jobs", "status", job_id_of(out))
+    assert info["state"] == "failed" and info["error"]["type"] == "RollbackLimit", info["error"]
+    assert reason in info["error"]["message"] and not info["rollbacks"], info
