@@ -375,8 +375,8 @@ class ShardBatches:
             base += length
 
     def _produce(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int, list, list]]:
-        """(torch batch, epoch, global rows consumed, phases, the batch's row ids) for every batch this rank gets from the position
-        on, up to the start of ``stop_epoch`` (None: no end)."""
+        """(torch batch, epoch, global rows consumed, phases, the batch's row ids) for every batch this rank gets
+        from the position on, up to the start of ``stop_epoch`` (None: no end)."""
         epoch, phases = self.position.epoch, self.position.phases
         if not phases and self.position.rows:  # a position saved before phases existed: one phase, these ranks
             phases = [Phase(self.size, self.batch_size, piece_rows(self.source.first_block_rows(), self.batch_size),

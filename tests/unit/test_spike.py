@@ -121,7 +121,8 @@ def test_the_skip_message_names_the_rows_of_the_bad_ranks():
     assert guard.describe(6, [0, 0], rows, spike="loss spike 9") == (
         "step 6 skipped: loss spike 9 (rows 10, 11, 1234, 1235)")  # a spike is the whole global batch's
     two = {1: {"train": [3], "eval": [4]}}
-    assert guard.describe(2, [0, guard.LOSS], two) == "step 2 skipped: non-finite loss on rank 1 (train rows 3; eval rows 4)"
+    assert guard.describe(2, [0, guard.LOSS], two) == (
+        "step 2 skipped: non-finite loss on rank 1 (train rows 3; eval rows 4)")
     many = {1: {"train": list(range(20))}}
     assert guard.describe(2, [0, guard.LOSS], many).endswith("(rows 0, 1, 2, 3, 4, 5, 6, 7 and 12 more)")
     assert guard.describe(6, [0, guard.LOSS]) == "step 6 skipped: non-finite loss on rank 1"  # no ctx.dataset
