@@ -39,6 +39,7 @@ STRAGGLER = "straggler"  # driver: a rank became a straggler (state "slow") or r
 STACKS = "stacks"  # `jobs stack`'s utility job: every rank's stacks now
 SKIPPED = "skipped"  # rank 0: every rank skipped an optimizer step: a non-finite loss/gradients (runtime.guard)
 REFUSED = "checkpoint_refused"  # rank 0: a checkpoint was not written: the weights are non-finite
+ROLLBACK = "rollback"  # rank 0: --rollback-after bad steps in a row: back to the last checkpoint, their rows skipped
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -117,6 +118,7 @@ class JobFacts:
     stragglers: dict[int, dict] = field(default_factory=dict)  # rank -> its straggler event, until it recovers
     skipped: list[dict] = field(default_factory=list)  # steps the non-finite guard skipped (step, message)
     refused: list[dict] = field(default_factory=list)  # checkpoints not written (non-finite weights)
+    rollbacks: list[dict] = field(default_factory=list)  # rollbacks after bad steps in a row (message, rows)
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -178,6 +180,8 @@ class JobFacts:
             self.skipped.append(event)
         elif kind == REFUSED:
             self.refused.append(event)
+        elif kind == ROLLBACK:
+            self.rollbacks.append(event)
 
     def warnings(self) -> list[str]:
         """A hang's line per rank (until a step is reported after it); a straggler's line (until it recovers);

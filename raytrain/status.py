@@ -131,5 +131,6 @@ class JobInfo:
             out["resized"] = self.facts.resized
             out["skipped"] = self.facts.skipped
             out["checkpoints_refused"] = self.facts.refused
+            out["rollbacks"] = self.facts.rollbacks
             out["waiting"] = (self.facts.waiting or {}).get("message")
         return out

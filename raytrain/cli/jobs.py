@@ -140,6 +140,9 @@ def status(job_id, address, as_json, show_timings, storage, **k8s):
     if facts and facts.skipped:
         more = f" ({len(facts.skipped)} in all)" if len(facts.skipped) > 1 else ""
         click.echo(f"skipped   {facts.skipped[-1].get('message', '')}{more}")
+    if facts and facts.rollbacks:
+        more = f" ({len(facts.rollbacks)} in all)" if len(facts.rollbacks) > 1 else ""
+        click.echo(f"rollback  {facts.rollbacks[-1].get('message', '')}{more}")
     if facts and facts.refused:
         click.echo(f"refused   {facts.refused[-1].get('message', '')}")
     for warning in info.warnings():

@@ -181,6 +181,19 @@ class Options:
         "(from the latest checkpoint; counts toward --max-failures) or fail (at once). Default {default}.",
         choices=("report", "restart", "fail"), default="report",
     )
+    spike_guard: bool | None = option(  # a loss far above its recent window is a bad step (runtime.guard)
+        "Treat a loss spike as a bad step, skipped on every rank: the step's mean loss over all ranks above the "
+        "mean + 6 standard deviations of the last 50 good steps, after 20 (docs/guards.md). Default off.",
+        switch=True, default=False,
+    )
+    rollback_after: int | None = option(  # consecutive bad (skipped) steps before a rollback; 0 = never
+        "After N bad steps in a row (non-finite, or spikes with --spike-guard), roll back to the last checkpoint "
+        "and read on without those steps' rows. 0: never. Default {default}.", type=int, metavar="N", default=3,
+    )
+    max_rollbacks: int | None = option(  # rollbacks allowed before the job fails with the reason
+        "Fail the job instead of rolling back more than N times. Default {default}.", type=int, metavar="N",
+        default=3,
+    )
     tp: int | None = option("Tensor-parallel size (DeepSpeed AutoTP). Default {default}.", type=int, default=1)
     pp: int | None = option("Pipeline stages (the job calls ctx.pipeline). Default {default}.", type=int, default=1)
     pp_partition: str | None = option(

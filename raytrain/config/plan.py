@@ -61,6 +61,9 @@ class Plan:
     start_timeout_s: float = DEFAULTS["start_timeout"]  # how long the workers may wait to be placed
     hang_timeout_s: float | None = None  # --hang-timeout: None = from the step time, 0 = no watchdog
     on_hang: str = DEFAULTS["on_hang"]  # --on-hang: report, restart, fail
+    spike_guard: bool = DEFAULTS["spike_guard"]  # --spike-guard: a loss spike is a bad step
+    rollback_after: int = DEFAULTS["rollback_after"]  # --rollback-after: bad steps in a row; 0 = no rollback
+    max_rollbacks: int = DEFAULTS["max_rollbacks"]  # --max-rollbacks: then the job fails
     data: list[dict[str, str]] = field(default_factory=list)  # --data: [{"name", "path", "format"}]
     prefetch: int = DEFAULTS["prefetch"]  # --prefetch: batches ctx.dataset prepares ahead
     data_timeout_s: float = DEFAULTS["data_timeout"]  # --data-timeout: a dataset's feed may stall this long

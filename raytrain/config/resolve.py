@@ -264,7 +264,9 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
         interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,
-        hang_timeout_s=hang_timeout_s, on_hang=on_hang,
+        hang_timeout_s=hang_timeout_s, on_hang=on_hang, spike_guard=bool(opts.spike_guard),
+        rollback_after=check_int("rollback_after", _or_default(opts, "rollback_after"), 0),
+        max_rollbacks=check_int("max_rollbacks", _or_default(opts, "max_rollbacks"), 0),
         prefetch=prefetch, track=track, mlflow_uri=opts.mlflow_uri, track_args=bool(opts.track_args),
         data_timeout_s=check_number("data_timeout", _or_default(opts, "data_timeout"), 0, strict=False),
     )

@@ -21,6 +21,8 @@ from raytrain.runtime.resize import fit_to_world_size
 
 
 DATA_KEY = "__raytrain_data__"  # the datasets' positions inside a checkpoint's saved state
+SKIP_KEY = "__raytrain_skip_rows__"  # rows rollbacks skip ({dataset: {epoch: ids}}), kept by later checkpoints
+SPIKE_KEY = "__raytrain_spike_window__"  # --spike-guard's window of good losses, so a restore keeps judging
 
 
 class TrainContext:
@@ -70,6 +72,10 @@ class TrainContext:
         self._reporter = Reporter(rank=rank, train_batch=self.train_batch)
         self._positions: dict[str, Position] = {}  # each --data dataset's position, saved with checkpoints
         self._loaders: list[ShardBatches] = []
+        self._skip_rows: dict[str, dict[str, list[int]]] = {}  # what rollbacks skip (runtime.rollback)
+        self._step_rows: list[tuple[str, int, list[int]]] = []  # rows handed out since the last optimizer step
+        self._spike_window: list[float] | None = None  # restored with a checkpoint
+        self._guard: Any = None
         self._reported_wait_s = 0.0
         self._reporter.world_size, self._reporter.on_gpu = world_size, plan.scaling.use_gpu
         self._reporter.total_steps = steps_from_args(self.args)
@@ -163,6 +169,7 @@ class TrainContext:
         )
         heartbeat.instrument(self.engine)  # phase marks (forward, backward, step) for the hang watchdog
         self._restore()
+        self._configure_guard()
         if self.is_main:
             events.emit(events.ENGINE, **engine_facts(self.engine))
         timings.emit("engine_built", rank=self.rank)
@@ -248,7 +255,10 @@ class TrainContext:
             batch_size=int(batch_size or self.micro_batch), position=self._positions.setdefault(name, Position()),
             epochs=epochs, shuffle=shuffle, seed=seed, shuffle_window=shuffle_window,
             prefetch=int(self.plan.prefetch), device=self.device, map_batches=map_batches, columns=columns,
+            drop=_epochs(self._skip_rows.get(name)),
+            on_batch=lambda epoch, ids: self._step_rows.append((name, epoch, ids)),
         )
+        loader.name = name
         self._loaders.append(loader)
         return loader
 
@@ -266,15 +276,83 @@ class TrainContext:
         return waited
 
     def _saved_state(self) -> dict[str, Any]:
-        if not self._positions:
-            return self.state
-        return {**self.state, DATA_KEY: {k: p.to_dict() for k, p in self._positions.items()}}
+        state = dict(self.state)
+        if self._positions:
+            state[DATA_KEY] = {k: p.to_dict() for k, p in self._positions.items()}
+        if getattr(self, "_skip_rows", None):
+            state[SKIP_KEY] = self._skip_rows
+        spike = getattr(getattr(self, "_guard", None), "spike", None)
+        if spike is not None:
+            state[SPIKE_KEY] = list(spike.losses)
+        return state
+
+    # -- the guard's additions: rows of a bad step, --spike-guard, rollbacks ---------------------------
+    def _configure_guard(self) -> None:
+        from raytrain.runtime import guard, rollback
+
+        self._guard = getattr(self.engine, "_raytrain_guard", None)
+        if self._guard is None:
+            return
+        if self.plan.rollback_after > 0 and self.plan.data:
+            for entry in rollback.ledger() or []:  # earlier worker groups' rollbacks in this job
+                rollback.merge_rows(self._skip_rows, entry.get("rows") or {})
+            for loader in self._loaders:  # datasets opened before the engine
+                loader.set_drop(_epochs(self._skip_rows.get(getattr(loader, "name", ""))))
+        self._guard.configure(
+            spike=guard.SpikeRule(self._spike_window) if self.plan.spike_guard else None,
+            rows=self._take_step_rows, rollback_after=self.plan.rollback_after, on_rollback=self._rollback,
+        )
+
+    def _take_step_rows(self) -> list[tuple[str, int, list[int]]]:
+        rows, self._step_rows = self._step_rows, []
+        return rows
+
+    def _rollback(self, bad: list[dict]) -> None:
+        """``--rollback-after`` bad steps in a row (``bad``: each with every rank's rows): every rank raises
+        Rollback (or RollbackLimit past ``--max-rollbacks``) after rank 0 kept the rows on the job's board."""
+        import torch.distributed as dist
+
+        from raytrain.runtime import rollback
+
+        rows: dict[str, dict[str, list[int]]] = {}
+        for step in bad:
+            rollback.merge_rows(rows, step.get("rows") or {})
+        done = rollback.ledger()
+        count = len(done) if done is not None else None
+        last = bad[-1]["message"]
+        steps = f"{len(bad)} bad step{'s' if len(bad) > 1 else ''} in a row"
+        if count is None:
+            raise rollback.RollbackLimit(f"{steps} (last: {last}); cannot roll back: the job's board is gone")
+        if count >= self.plan.max_rollbacks:
+            raise rollback.RollbackLimit(
+                f"{steps} (last: {last}) after {count} rollback{'s' if count != 1 else ''} "
+                f"(--max-rollbacks {self.plan.max_rollbacks})")
+        saved = self._checkpoints.last_saved_step
+        to = f"the checkpoint of step {saved}" if saved else "the start of the run"
+        n = sum(len(ids) for epochs in rows.values() for ids in epochs.values())
+        message = (f"rollback {count + 1} of at most {self.plan.max_rollbacks}: {steps} (last: {last}); back to "
+                   f"{to}, skipping {n} row{'s' if n != 1 else ''}" + (" of the data" if n else ""))
+        entry = {"step": bad[-1]["step"], "steps": [b["step"] for b in bad], "to_step": saved or 0,
+                 "rows": rows, "message": message}
+        kept = True
+        if self.is_main:
+            kept = rollback.note(entry)
+            events.emit(events.ROLLBACK, **entry)
+        if self.world_size > 1:  # the rows are on the board before any rank's failure ends the group
+            dist.barrier()
+        if not kept:
+            raise rollback.RollbackLimit(f"{steps} (last: {last}); cannot roll back: the job's board did not answer")
+        raise rollback.Rollback(message)
 
     def _restore(self) -> None:
         restored = self._checkpoints.restore(self.engine)
         if restored is None:
             return
         step, self.state = restored
+        from raytrain.runtime import rollback
+
+        rollback.merge_rows(self._skip_rows, self.state.pop(SKIP_KEY, None) or {})
+        self._spike_window = self.state.pop(SPIKE_KEY, None)
         for name, pos in (self.state.pop(DATA_KEY, None) or {}).items():
             restored = Position(**pos)  # epoch, rows, and the epoch's phases (absent in older checkpoints)
             position = self._positions.setdefault(name, Position())
@@ -339,6 +417,10 @@ class TrainContext:
         self._reporter.finish()
         if problem is not None:
             raise guard.NonFiniteRun(problem)
+
+
+def _epochs(rows: dict[str, list[int]] | None) -> dict[int, list[int]]:
+    return {int(epoch): ids for epoch, ids in (rows or {}).items()}
 
 
 def _default_optimizer(lr: float, *, fused: bool) -> Any:

@@ -37,6 +37,7 @@ import numpy as np
 from raytrain.runtime import heartbeat
 
 _END = object()
+ROW, POS = "__raytrain_row__", "__raytrain_pos__"  # hidden columns: global row id; position in the rank's phase
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -288,7 +289,8 @@ class ShardBatches:
     def __init__(self, source: Any, *, rank: int, size: int, batch_size: int, position: Position,
                  epochs: int | None = 1, shuffle: bool = False, seed: int = 0, shuffle_window: int = 10_000,
                  prefetch: int = 2, device: Any = None, map_batches: Callable | None = None,
-                 columns: list[str] | None = None):
+                 columns: list[str] | None = None, drop: dict[int, Any] | None = None,
+                 on_batch: Callable[[int, list[int]], None] | None = None):
         if batch_size < 1:
             raise ValueError(f"ctx.dataset: batch_size must be >= 1, got {batch_size}")
         self.source, self.rank, self.size, self.batch_size = source, rank, size, batch_size
@@ -297,6 +299,14 @@ class ShardBatches:
         self.prefetch, self.device, self.map_batches, self.columns = prefetch, device, map_batches, columns
         self.wait_s = 0.0  # total time next() waited for a batch
         self.batches = 0
+        # rows a rollback skips ({epoch: row ids}): dropped from this rank's rows where they come, the position
+        # counts them as read; every rank drops a whole bad step's rows, so ranks stay in lockstep
+        self.set_drop(drop)
+        self.on_batch = on_batch  # (epoch, row ids) of each batch handed out (the guard names a bad step's rows)
+        self.last_rows: list[int] = []
+
+    def set_drop(self, drop: dict[int, Any] | None) -> None:
+        self.drop = {int(e): np.asarray(sorted(ids), dtype=np.int64) for e, ids in (drop or {}).items() if len(ids)}
 
     # -- producing (possibly in the prefetch thread) --------------------------------------------------
     def _phases(self, phases: list[Phase]) -> list[Phase]:
@@ -325,18 +335,21 @@ class ShardBatches:
         phases = self._phases(phases)
         split, current = self._split(epoch, phases), phases[-1]
         skip = current.u
-        stream = self._rows(split, skip)
+        stream = self._rows(split, skip, self.drop.get(epoch))
         for batch in rechunk(stream, self.batch_size):
-            current.u += _rows(batch)
+            current.u = int(batch[POS][-1]) + 1  # rows a rollback dropped count as read
             yield batch, [Phase(**p.to_dict()) for p in phases]
 
-    def _rows(self, split: Split, skip: int) -> Iterator[dict[str, np.ndarray]]:
+    def _rows(self, split: Split, skip: int, drop: np.ndarray | None = None) -> Iterator[dict[str, np.ndarray]]:
         """This rank's rows of the phase after the first ``skip``, window by window, pieces' ends kept (a batch
-        never spans two pieces: pieces are whole batches, but for the short last one)."""
+        never spans two pieces: pieces are whole batches, but for the short last one), less the rows in ``drop``;
+        each window with its rows' ids (ROW) and positions in the phase (POS)."""
+        base = 0  # the phase position of the piece's first row
         for piece, key in split.pieces(self.rank):
             length = piece.length(None)
             if skip >= length:
                 skip -= length
+                base += length
                 continue
             windows = list(split.order(piece, key, length))
             for i, (lo, (rows, perm)) in enumerate(windows):
@@ -346,15 +359,24 @@ class ShardBatches:
                 if i + 1 < len(windows):
                     self.source.warm(windows[i + 1][1][0], self.prefetch)
                 data = self.source.take(rows, self.columns)
+                ids = rows.indices(np.arange(size))
                 if perm is not None:
                     data = {k: v[perm] for k, v in data.items()}
+                    ids = ids[perm]
+                data = {**data, ROW: ids, POS: base + lo + np.arange(size)}
                 off = max(skip - lo, 0)
-                yield _take(data, off, size) if off else data
+                data = _take(data, off, size) if off else data
+                if drop is not None:
+                    keep = ~np.isin(data[ROW], drop)
+                    if not keep.all():
+                        data = {k: np.asarray(v)[keep] for k, v in data.items()}
+                yield data
             skip = 0
+            base += length
 
-    def _produce(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int, list]]:
-        """(torch batch, epoch, global rows consumed, phases) for every batch this rank gets from the position
-        on, up to the start of ``stop_epoch`` (None: no end)."""
+    def _produce(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int, list, list]]:
+        """(torch batch, epoch, global rows consumed, phases, the batch's row ids) for every batch this rank gets
+        from the position on, up to the start of ``stop_epoch`` (None: no end)."""
         epoch, phases = self.position.epoch, self.position.phases
         if not phases and self.position.rows:  # a position saved before phases existed: one phase, these ranks
             phases = [Phase(self.size, self.batch_size, piece_rows(self.source.first_block_rows(), self.batch_size),
@@ -364,11 +386,13 @@ class ShardBatches:
             for part, now in self._epoch_batches(epoch, phases):
                 got = True
                 rows = sum(p.n * p.u for p in now)
-                yield self._to_torch(part), epoch, rows, now
+                ids = part.pop(ROW).tolist()
+                part.pop(POS)
+                yield self._to_torch(part), epoch, rows, now, ids
             if not got and phases and stop_epoch is not None:
                 stop_epoch += 1  # restored at an epoch's very end: that epoch does not count as this loop's pass
             epoch, phases = epoch + 1, []
-            yield None, epoch, 0, []  # the epoch ended: the position moves on even if the last round was dropped
+            yield None, epoch, 0, [], []  # the epoch ended: the position moves on even if the last round was dropped
 
     def _to_torch(self, part: dict[str, np.ndarray]) -> dict[str, Any]:
         import torch
@@ -405,13 +429,16 @@ class ShardBatches:
             self.wait_s += time.perf_counter() - started
             if item is _END:
                 return
-            batch, epoch, consumed, phases = item
+            batch, epoch, consumed, phases, ids = item
             self.position.epoch, self.position.rows, self.position.phases = epoch, consumed, phases
             if batch is not None:
                 self.batches += 1
+                self.last_rows = ids
+                if self.on_batch is not None:
+                    self.on_batch(epoch, ids)
                 yield batch
 
-    def _prefetched(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int, list]]:
+    def _prefetched(self, stop_epoch: int | None) -> Iterator[tuple[Any, int, int, list, list]]:
         """``_produce`` run ``prefetch`` items ahead in a daemon thread; its errors are raised here."""
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()

@@ -80,9 +80,13 @@ def restart_announcer(max_failures: int):
             self.seen: set = set()
 
         def after_exception(self, run_context, worker_exceptions):
+            from raytrain.runtime import rollback
+
             key = frozenset((rank, repr(exc)[:300]) for rank, exc in worker_exceptions.items())
             if key in self.seen:
                 return
+            if rollback.group_kind(type("E", (), {"worker_failures": worker_exceptions})()):
+                return  # rank 0 said it (a rollback event), and it counts toward --max-rollbacks, not failures
             self.seen.add(key)
             self.failures += 1
             rank = failing_rank(worker_exceptions)
@@ -96,6 +100,15 @@ def restart_announcer(max_failures: int):
                 )
 
     return AnnounceRestarts()
+
+
+def rollback_policy(plan: Plan):
+    """Ray Train's failure policy with rollbacks (runtime.rollback) when --rollback-after is on."""
+    import contextlib
+
+    from raytrain.runtime import rollback
+
+    return rollback.installed(plan.max_rollbacks) if plan.rollback_after > 0 else contextlib.nullcontext()
 
 
 def load_datasets(plan: Plan) -> tuple[dict, str | None]:
@@ -411,7 +424,7 @@ def main() -> int:
     record_when_stopped(plan, run_name)
     board, dog = watch_hangs(plan, run_name)  # noqa: F841 (the board lives as long as this handle)
     try:
-        with prompt_poll.installed():  # the controller polls the workers when they ask, else every 2 s
+        with prompt_poll.installed(), rollback_policy(plan):  # the controller polls the workers when they ask
             result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
         cause, rank = _root_cause(exc)

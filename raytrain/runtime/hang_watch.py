@@ -34,6 +34,7 @@ class Board:
         self.exiting: set[int] = set()  # pids told to exit (--on-hang restart)
         self.hang: dict | None = None  # the latest hang's summary: rank 0 notes it in --track's trackers
         self.straggler: dict | None = None  # the latest straggler episode's change: noted the same way
+        self.rollbacks: list[dict] = []  # the job's rollbacks (runtime.rollback): the rows each one skips
 
     def beat(self, beat: dict) -> dict:
         if beat.get("pid") in self.exiting:
@@ -62,6 +63,14 @@ class Board:
 
     def snapshot(self) -> list[dict]:
         return list(self.beats.values())
+
+    def note_rollback(self, entry: dict) -> int:
+        """A rollback's record (kept across worker groups); how many the job has had."""
+        self.rollbacks.append(entry)
+        return len(self.rollbacks)
+
+    def rollback_log(self) -> list[dict]:
+        return list(self.rollbacks)
 
     def restart(self) -> None:
         """Every rank that beats now exits at its next beat; the next worker group starts with a clean board."""
