@@ -36,7 +36,10 @@ from raytrain.checkpoints.marker import Marker
 # hold an upload there to kill a worker while it is in flight). Empty in production.
 BEFORE_WRITE: list[Callable[[int, int], None]] = []
 
-REGISTER_TIMEOUT_S = 30.0  # Ray Train's controller takes a report within a poll (raytrain.runtime.prompt_poll)
+REGISTER_TIMEOUT_S = 30.0
+# How long rank 0 waits for the other ranks' files of a checkpoint whose own files are uploaded (they upload in
+# parallel with it; one that died mid-upload never arrives, and its group is then restarting)
+COMMIT_TIMEOUT_S = 600.0  # Ray Train's controller takes a report within a poll (raytrain.runtime.prompt_poll)
 
 
 def _is_tensor(obj: Any) -> bool:
@@ -223,18 +226,23 @@ class InFlight:
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     registered: bool = False
+    path: str | None = None  # the checkpoint's folder in storage, where storage is a local/shared filesystem
+    wait_s: float = 0.0  # what its snapshot waited for the save before it
 
 
 class AsyncSaver:
     """The async saves of one rank: at most one in flight."""
 
-    def __init__(self, *, rank: int, emit: Callable[..., None], log: Callable[[str], None]):
+    def __init__(self, *, rank: int, emit: Callable[..., None], log: Callable[[str], None],
+                 register: Callable[[float], bool]):
+        """``emit``: rank 0's checkpoint event; ``register``: waits until Ray Train's controller has this
+        worker's last report (raytrain.runtime.checkpointer.wait_until_registered)."""
         import torch
 
         self.rank = rank
         self.pool = PinnedPool(pin=torch.cuda.is_available())
         self.current: InFlight | None = None
-        self._emit, self._log = emit, log
+        self._emit, self._log, self._register = emit, log, register
 
     def wait(self, timeout_s: float | None = None) -> float:
         """Until the save in flight (if any) is committed on this rank; returns the seconds waited. Raises the
@@ -268,8 +276,7 @@ class AsyncSaver:
                       f"{waited_for}'s save to finish (one save in flight per rank)")
         snap = snapshot(engine, self.pool, rank=self.rank, world_size=world_size, step=step, user_state=user_state,
                         metrics=metrics, hf_model=hf_model)
-        flight = InFlight(step=step, snapshot_s=snap.snapshot_s, nbytes=snap.nbytes)
-        flight.wait_s = wait_s  # type: ignore[attr-defined]
+        flight = InFlight(step=step, snapshot_s=snap.snapshot_s, nbytes=snap.nbytes, wait_s=wait_s)
 
         def upload(checkpoint: Any, dir_name: str) -> Any:
             try:
@@ -283,6 +290,8 @@ class AsyncSaver:
 
                 persisted = get_context().get_storage().persist_current_checkpoint(checkpoint, dir_name)
                 flight.upload_s = time.perf_counter() - t1
+                if type(persisted.filesystem).__name__ == "LocalFileSystem":
+                    flight.path = persisted.path
                 return persisted
             except BaseException as exc:
                 flight.error = exc
@@ -301,22 +310,41 @@ class AsyncSaver:
 
     def _commit(self, flight: InFlight, index: int | None) -> None:
         """Ray's upload thread has written and uploaded the files and queued the report: wait until the
-        controller has it (raytrain.runtime.checkpointer.wait_until_registered), then the save is done."""
-        from raytrain.runtime.checkpointer import wait_until_registered
-
+        controller has it, then the save is done."""
         try:
             while not flight.done.is_set() and not _reported(index):
                 time.sleep(0.01)
             if flight.error is None:
-                flight.registered = wait_until_registered(REGISTER_TIMEOUT_S)
-                if self.rank == 0:
+                flight.registered = self._register(REGISTER_TIMEOUT_S)
+                if self.rank == 0 and self._committed(flight):
                     self._emit(step=flight.step, mode="async", snapshot_s=round(flight.snapshot_s, 4),
                                write_s=_round(flight.write_s), upload_s=_round(flight.upload_s),
-                               wait_s=round(getattr(flight, "wait_s", 0.0), 4), bytes=flight.nbytes)
+                               wait_s=round(flight.wait_s, 4), bytes=flight.nbytes)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
             flight.error = flight.error or exc
         finally:
             flight.done.set()
+
+
+    def _committed(self, flight: InFlight) -> bool:
+        """Rank 0, before it announces a checkpoint: every rank's files are in storage (their markers and every
+        file they list; raytrain.checkpoints.store). The other ranks upload at the same time; one that died
+        mid-upload never completes it, and its group is being restarted: no announcement then. Storage that is
+        not a filesystem here (s3://, gs://): Ray Train's registration, which needs every rank's report."""
+        if flight.path is None:
+            return True
+        from raytrain.checkpoints import store
+
+        deadline = time.monotonic() + COMMIT_TIMEOUT_S
+        while True:
+            info = store.inspect(flight.path)
+            if info.complete:
+                return True
+            if time.monotonic() > deadline:
+                self._log(f"raytrain: the checkpoint of step {flight.step} is not committed after "
+                          f"{COMMIT_TIMEOUT_S:g} s ({info.reason}): not announced, and never resumed from")
+                return False
+            time.sleep(0.05)
 
 
 def _round(value: float | None) -> float | None:

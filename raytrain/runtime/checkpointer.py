@@ -94,7 +94,7 @@ class Checkpointer:
 
         if self._async is None:
             self._async = AsyncSaver(rank=self.rank, emit=lambda **kw: events.emit(events.CHECKPOINT, **kw),
-                                     log=lambda line: print(line, flush=True))
+                                     log=lambda line: print(line, flush=True), register=wait_until_registered)
         self._async.save(engine, world_size=self.world_size, step=step, user_state=state, metrics=metrics,
                          hf_model=self.hf_model)
         self.last_saved_step = step
