@@ -143,16 +143,29 @@ class Snapshot:
     snapshot_s: float = 0.0
     nbytes: int = 0
 
-    def write(self) -> None:
-        """Write the files, then the marker (last: it lists every file with its size)."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        for path, state in self.writes:
-            self.writer.save(state, path)
-        self.writes = []
+    def write(self, into: Path | None = None) -> None:
+        """Write the files, then the marker (last: it lists every file with its size). ``into``: a folder to
+        write them to instead of :attr:`directory` (the checkpoint's folder in a filesystem storage, which the
+        other ranks write their files into at the same time: the marker lists this rank's files only)."""
+        import shutil
         from dataclasses import replace
 
-        markers.write(self.directory, replace(self.marker, files=markers.files_in(self.directory)))
+        if self.ready is not None:
+            self.ready.synchronize()
+        target = self.directory if into is None else Path(into)
+        mine = [p.relative_to(self.directory) for p in self.directory.rglob("*") if p.is_file()]
+        for rel in mine:  # what was written at the snapshot (DeepSpeed's `latest`, rank 0's HF config...)
+            if target != self.directory:
+                (target / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.directory / rel, target / rel)
+        for path, state in self.writes:
+            rel = Path(path).relative_to(self.directory)
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            self.writer.save(state, str(target / rel))
+            mine.append(rel)
+        self.writes = []
+        files = {str(rel): (target / rel).stat().st_size for rel in mine}
+        markers.write(target, replace(self.marker, files=files))
 
 
 def _nbytes(obj: Any, seen: set | None = None) -> int:
@@ -280,18 +293,26 @@ class AsyncSaver:
 
         def upload(checkpoint: Any, dir_name: str) -> Any:
             try:
+                _lower_priority()
                 for hook in BEFORE_WRITE:
                     hook(step, self.rank)
+                from ray.train import Checkpoint, get_context
+
+                storage = get_context().get_storage()
                 t0 = time.perf_counter()
+                if type(storage.storage_filesystem).__name__ == "LocalFileSystem":
+                    # a filesystem storage (a local or shared path): the files are written there directly,
+                    # once, rather than written here and copied
+                    target = storage.build_checkpoint_path_from_name(dir_name)
+                    snap.write(into=Path(target))
+                    flight.write_s, flight.upload_s = time.perf_counter() - t0, 0.0
+                    flight.path = target
+                    return Checkpoint(target, storage.storage_filesystem)
                 snap.write()
                 t1 = time.perf_counter()
                 flight.write_s = t1 - t0
-                from ray.train import get_context
-
-                persisted = get_context().get_storage().persist_current_checkpoint(checkpoint, dir_name)
+                persisted = storage.persist_current_checkpoint(checkpoint, dir_name)
                 flight.upload_s = time.perf_counter() - t1
-                if type(persisted.filesystem).__name__ == "LocalFileSystem":
-                    flight.path = persisted.path
                 return persisted
             except BaseException as exc:
                 flight.error = exc
@@ -345,6 +366,17 @@ class AsyncSaver:
                           f"{COMMIT_TIMEOUT_S:g} s ({info.reason}): not announced, and never resumed from")
                 return False
             time.sleep(0.05)
+
+
+def _lower_priority() -> None:
+    """The writing thread yields the CPU to the training thread (Linux: a thread has its own nice value); it
+    only ever writes checkpoints."""
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 def _round(value: float | None) -> float | None:
