@@ -37,15 +37,23 @@ def run_dir(run: str, storage: str | None) -> Path:
 @click.argument("run", shell_complete=complete_job_id)
 @storage_option
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--all", "show_all", is_flag=True,
+              help="Also the uncommitted ones (a save in progress, or one a failure interrupted), with the reason.")
 @handle_errors
-def list_checkpoints(run, storage, as_json):
-    """Checkpoints of RUN (a job id / run name, or a run directory): step, time, size, metrics."""
-    found = store.list_checkpoints(run_dir(run, storage))
+def list_checkpoints(run, storage, as_json, show_all):
+    """Committed checkpoints of RUN (a job id / run name, or a run directory): step, time, size, metrics. A
+    checkpoint is committed once every rank's files are complete in storage; only those are resumed from."""
+    everything = store.list_checkpoints(run_dir(run, storage))
+    found = everything if show_all else [c for c in everything if c.complete]
+    hidden = len(everything) - len(found)
     if as_json:
         print_json([c.to_dict() for c in found])
         return
+    if hidden:
+        click.echo(f"{hidden} uncommitted checkpoint(s) not listed (a save in progress or interrupted): --all "
+                   "shows them", err=True)
     if not found:
-        click.echo(f"run {run} has no checkpoints")
+        click.echo(f"run {run} has no committed checkpoints")
         return
     table = Table("step", "time", "size", "complete", "loss", "path")
     for c in found:

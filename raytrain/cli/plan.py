@@ -209,6 +209,11 @@ def _print_table(p: search.MemoryFit, show_all: bool) -> None:
             f"(time x{chosen.relative_time:.2f} of the fastest layout)",
             highlight=False,
         )
+        console.print(
+            f"async checkpoints (--checkpoint-mode async, the default): a snapshot of "
+            f"{gb(chosen.estimate.checkpoint_snapshot)} GB of host memory per rank",
+            highlight=False,
+        )
     else:
         smallest = min(p.candidates, key=lambda c: c.estimate.gpu_total)
         console.print(

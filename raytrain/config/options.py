@@ -43,6 +43,7 @@ ENV_PREFIX = "RAYTRAIN_"
 USER_ENV_SWITCHES = settings.job_settings()
 PP_PARTITIONS = ("parameters", "uniform")  # or "type:REGEX"
 TRACKERS = ("tensorboard", "mlflow", "wandb")
+CHECKPOINT_MODES = ("async", "sync")
 
 
 def parse_trackers(names: tuple[str, ...] | list[str] | str | None) -> list[str]:
@@ -147,6 +148,12 @@ class Options:
         "Checkpoint every N steps (and at the end).", type=int, default=0
     )
     keep: int | None = option("Keep only the N latest checkpoints.", type=int)  # None = all
+    checkpoint_mode: str | None = option(  # None: async for train(ctx) jobs, sync for HF Trainer scripts
+        "async: a save costs the step only a snapshot of the state into host memory; a background thread writes "
+        "and uploads it (one save in flight per rank). sync: the step waits for the write and upload. Default: "
+        "async for train(ctx) jobs, sync for Hugging Face Trainer scripts (the Trainer writes its own files).",
+        choices=CHECKPOINT_MODES,
+    )
     max_failures: int | None = option(  # worker-group restarts from the latest checkpoint; -1 = unlimited
         "Restart the workers from the latest checkpoint up to N times (-1: always).", type=int, default=0
     )

@@ -52,6 +52,7 @@ class Plan:
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_every: int = DEFAULTS["checkpoint_every"]
     keep: int | None = None
+    checkpoint_mode: str = "async"  # --checkpoint-mode: async (a snapshot, written in the background) or sync
     max_failures: int = DEFAULTS["max_failures"]
     resume: str | None = None
     activation_checkpointing: bool = DEFAULTS["activation_checkpointing"]

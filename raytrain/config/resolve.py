@@ -215,6 +215,20 @@ def _trackers(opts: Options, job: JobFile) -> list[str]:
     return track
 
 
+def _checkpoint_mode(opts: Options, job: JobFile) -> str:
+    """--checkpoint-mode: async where raytrain owns the save (train(ctx) jobs), sync for a Hugging Face Trainer
+    script, whose Trainer writes its checkpoint files itself before raytrain reports them."""
+    if job.hf_trainer:
+        if opts.checkpoint_mode == "async":
+            raise ConfigError("--checkpoint-mode async: a Hugging Face Trainer script writes its own checkpoint "
+                              "files (raytrain only reports them); use --checkpoint-mode sync or leave it out",
+                              flag="--checkpoint-mode")
+        return "sync"
+    if job.mode == "script":  # a plain script saves its own checkpoints (script_mode refuses the flag)
+        return "sync"
+    return opts.checkpoint_mode or "async"
+
+
 def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     """Validate ``opts`` and build the Plan. ``cluster_has_gpus`` decides an unset --gpus-per-worker."""
     job = check_job_file(opts.job, script=opts.script, args=list(opts.job_args or []))
@@ -228,6 +242,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
     name, env = _name(opts, job), _env(opts)
     checkpoint_every = check_int("checkpoint_every", opts.checkpoint_every or DEFAULTS["checkpoint_every"], 0)
     keep = None if opts.keep is None else check_int("keep", opts.keep, 1)
+    checkpoint_mode = _checkpoint_mode(opts, job)
     max_failures = max_failures_for(opts.max_failures, min_workers, workers)
     timeout_s = check_number("timeout", _or_default(opts, "timeout"), 0, strict=True)
     start_timeout_s = check_number("start_timeout", _or_default(opts, "start_timeout"), 0, strict=False)
@@ -260,7 +275,7 @@ def resolve(opts: Options, *, cluster_has_gpus: bool = False) -> Plan:
         parallel={"dp": dp, "tp": tp, "pp": pp}, train_batch=total, micro_batch=micro, grad_accum=accum,
         hf_trainer=job.hf_trainer, script_defaults=trainer_args,
         precision=opts.precision, zero=opts.zero, offload=opts.offload, storage=opts.storage, env=env,
-        checkpoint_every=checkpoint_every, keep=keep, max_failures=max_failures, resume=opts.resume,
+        checkpoint_every=checkpoint_every, keep=keep, checkpoint_mode=checkpoint_mode, max_failures=max_failures, resume=opts.resume,
         activation_checkpointing=bool(opts.activation_checkpointing),
         pp_partition=opts.pp_partition or DEFAULTS["pp_partition"],
         interface=interface, timeout_s=timeout_s, start_timeout_s=start_timeout_s, mode=job.mode, data=datasets,

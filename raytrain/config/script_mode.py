@@ -15,7 +15,7 @@ from raytrain.config.script_args import find_config_arg
 from raytrain.errors import ConfigError
 
 # raytrain checkpoints through train(ctx)'s engine, or a Hugging Face Trainer's (raytrain.config.hf_trainer)
-TRAIN_CTX_ONLY = ("checkpoint_every", "keep", "resume")
+TRAIN_CTX_ONLY = ("checkpoint_every", "keep", "resume", "checkpoint_mode")
 
 
 def _refuse_train_ctx_options(opts: Options, *, hf_trainer: bool) -> None:

@@ -264,6 +264,19 @@ def cpu_per_node(
     return int(round(offloaded)), int(round(build)), int(round(max(offloaded, build) * buffer_factor))
 
 
+def checkpoint_snapshot(rank_params: float, *, stage: int, precision: str, dp: int, trainable: float | None = None) -> int:
+    """Host memory one rank's async checkpoint snapshot holds (``--checkpoint-mode async``): what its files
+    hold. The model states file (parameters, in the training dtype; written by data-parallel rank 0, the
+    largest) and the optimizer state with its fp32 master copy, partitioned over ``dp`` from ZeRO stage 1."""
+    b = bytes_per_param(precision)
+    trained = rank_params if trainable is None else min(float(trainable), float(rank_params))
+    per_param = b.optimizer
+    if b is FP32 and stage >= 1:  # a ZeRO optimizer saves its fp32 partition beside Adam's two moments
+        per_param += 4
+    optimizer = per_param * trained
+    return int(round(b.param * rank_params + optimizer / (dp if stage >= 1 else 1)))
+
+
 @dataclass(frozen=True)
 class Config:
     """One candidate configuration."""
@@ -290,6 +303,7 @@ class Estimate:
     cpu_offloaded_per_node: int
     cpu_build_per_node: int
     cpu_per_node: int
+    checkpoint_snapshot: int = 0  # host memory of one rank's async checkpoint snapshot (the largest rank's)
 
     def to_dict(self) -> dict:
         c = self.config
@@ -316,6 +330,7 @@ class Estimate:
                 "model_build": self.cpu_build_per_node,
                 "total": self.cpu_per_node,
             },
+            "checkpoint_snapshot_per_rank": self.checkpoint_snapshot,
         }
 
 
@@ -370,6 +385,8 @@ def estimate(
         config=c, dp=dp, states=states, zero3_working_set=working, activations=acts, buffers=buffers,
         allocated=int(allocated), overhead=over, gpu_total=int(allocated + over),
         cpu_offloaded_per_node=offloaded, cpu_build_per_node=build, cpu_per_node=cpu_total,
+        checkpoint_snapshot=checkpoint_snapshot(rank_params, stage=c.zero, precision=c.precision, dp=dp,
+                                                trainable=rank_trainable),
     )
 
 

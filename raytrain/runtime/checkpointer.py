@@ -5,6 +5,7 @@ Train. The files themselves: raytrain.runtime.checkpoint; their marker: raytrain
 from __future__ import annotations
 
 import shutil
+import time
 from typing import Any, Callable
 
 from raytrain import events
@@ -14,9 +15,12 @@ from raytrain.runtime import checkpoint
 
 
 class Checkpointer:
-    def __init__(self, *, restore_from: str | None, every: int, rank: int, local_rank: int, world_size: int):
+    def __init__(self, *, restore_from: str | None, every: int, rank: int, local_rank: int, world_size: int,
+                 mode: str = "sync"):
         self.restore_from = restore_from
         self.every = int(every or 0)
+        self.mode = mode  # --checkpoint-mode: "async" (raytrain.runtime.async_checkpoint) or "sync"
+        self._async = None  # the AsyncSaver, on the first async save
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         # Rank 0's marker of the restore point (None: nothing to restore, or unreadable: the restore then
         # fails with the reason).
@@ -64,6 +68,13 @@ class Checkpointer:
 
         heartbeat.STATE.enter("checkpoint")
         step = int(metrics["step"])
+        if self.mode == "async":
+            try:
+                self._save_async(engine, metrics, state, step)
+            finally:
+                heartbeat.STATE.enter("data")
+            return
+        started = time.perf_counter()
         directory = checkpoint.save(
             engine, rank=self.rank, world_size=self.world_size, step=step, user_state=state, metrics=metrics,
             hf_model=self.hf_model,
@@ -76,7 +87,28 @@ class Checkpointer:
         self.last_saved_step = step
         heartbeat.STATE.enter("data")
         if self.rank == 0:
-            events.emit(events.CHECKPOINT, step=step)
+            events.emit(events.CHECKPOINT, step=step, mode="sync", stall_s=round(time.perf_counter() - started, 4))
+
+    def _save_async(self, engine: Any, metrics: dict[str, Any], state: dict[str, Any], step: int) -> None:
+        from raytrain.runtime.async_checkpoint import AsyncSaver
+
+        if self._async is None:
+            self._async = AsyncSaver(rank=self.rank, emit=lambda **kw: events.emit(events.CHECKPOINT, **kw),
+                                     log=lambda line: print(line, flush=True), register=wait_until_registered)
+        self._async.save(engine, world_size=self.world_size, step=step, user_state=state, metrics=metrics,
+                         hf_model=self.hf_model)
+        self.last_saved_step = step
+
+    def finish(self) -> None:
+        """The end of the job: wait for the save in flight (async mode) and say so (rank 0, one line)."""
+        saver = self._async
+        if saver is None or saver.current is None:
+            return
+        step = saver.current.step
+        waited = saver.wait()
+        if self.rank == 0:
+            print(f"raytrain: the job's end waited {waited:.2f} s for the checkpoint of step {step} to be written "
+                  "and uploaded: committed", flush=True)
 
     def final_save_needed(self, last_metrics: dict[str, Any]) -> bool:
         """After the last step: checkpointing is on and that step has no checkpoint yet."""

@@ -50,7 +50,7 @@ class TrainContext:
         self.train_batch: int = plan.train_batch
         self._checkpoints = Checkpointer(
             restore_from=restore_from, every=plan.checkpoint_every, rank=rank, local_rank=local_rank,
-            world_size=world_size,
+            world_size=world_size, mode=plan.checkpoint_mode,
         )
         self.config, self.grad_accum, parallel = fit_to_world_size(
             plan, copy.deepcopy(plan.deepspeed), world_size=world_size, rank=rank,
@@ -414,6 +414,8 @@ class TrainContext:
         problem = guard.ending_problem(self.engine, last, rank=self.rank, world_size=self.world_size)
         if problem is None and self.engine is not None and self._checkpoints.final_save_needed(last):
             self._save(dict(last))
+        if problem is None:
+            self._checkpoints.finish()  # the last async save is committed before the job ends
         self._reporter.finish()
         if problem is not None:
             raise guard.NonFiniteRun(problem)

@@ -395,6 +395,7 @@ def main() -> int:
         tp=plan.parallel["tp"],
         pp=plan.parallel["pp"],
         resume_from=resume_from,
+        checkpoint_mode=plan.checkpoint_mode,
     )
     trainer = torch_backend.trainer(
         train_loop_per_worker,

@@ -241,8 +241,10 @@ def test_export_gives_the_engines_outputs_and_skips_an_interrupted_checkpoint(cl
     shard = next(p for p in broken.rglob("*rank_1*") if p.is_file())
     shard.write_bytes(shard.read_bytes()[:10])
 
-    listed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
+    listed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", "--all", check=True).stdout)
     assert listed[-1]["step"] == 99 and not listed[-1]["complete"]
+    committed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
+    assert committed == listed[:-1]  # an uncommitted checkpoint is never listed without --all
 
     out = tmp_path / "model.pt"
     result = json.loads(cli("export", info["id"], "--out", out, "--json", check=True).stdout)

@@ -1,0 +1,96 @@
+"""--checkpoint-mode async on the real local cluster (docs/checkpoints.md): the same losses and parameters as
+sync saves, a worker SIGKILLed while its upload is in flight restarts from the last committed checkpoint, a
+save waits for the one in flight and says how long, the job's end waits for the last one, and only committed
+checkpoints are listed or resumed from."""
+import json
+
+import pytest
+import torch
+
+from tests.e2e.test_checkpoints import submit_json
+
+pytestmark = pytest.mark.e2e
+
+JOB = __import__("pathlib").Path(__file__).parent / "jobs" / "ckpt_async.py"
+Z0 = ["--workers", "2", "--zero", "0", "--precision", "fp32", "--micro-batch", "4", "--checkpoint-every", "3"]
+Z3 = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--micro-batch", "4", "--checkpoint-every", "2"]
+
+
+def run(cli, flags, job_args, tmp_path, name, **kw):
+    out = tmp_path / f"{name}.pt"
+    info = submit_json(cli, JOB, flags, [*job_args, "--params-out", out], timeout=600, **kw)
+    return info, cli.facts(info["id"]), torch.load(out)
+
+
+def assert_same_params(mine, theirs):
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        assert torch.equal(mine[key], theirs[key]), key  # bit for bit
+
+
+def rank_log(cli, job, rank):
+    return cli("jobs", "logs", job, "--rank", str(rank), check=True).stdout
+
+
+def test_a_worker_killed_mid_upload_restarts_from_the_last_committed_checkpoint(cli, tmp_path):
+    base_info, base, base_params = run(cli, [*Z0, "--checkpoint-mode", "sync"], ["--steps", "8"], tmp_path, "sync")
+    assert base.checkpoints == [3, 6, 8]
+    info, facts, params = run(cli, [*Z0, "--checkpoint-mode", "async", "--max-failures", "1"],
+                              ["--steps", "8", "--sigkill-at-step", "7", "--hold-upload-step", "6"], tmp_path, "async")
+    assert info["state"] == "succeeded" and info["restarts"] == 1, info
+    rank1 = rank_log(cli, info["id"], 1)
+    assert "rank 1: SIGKILL while the checkpoint of step 6 is uploading" in rank1, rank1[-3000:]
+    steps = [m["step"] for m in facts.metrics]
+    assert steps[-5:] == [4, 5, 6, 7, 8] and steps[:7] == list(range(1, 8)), steps  # resumed from step 3
+    assert "raytrain: restored step 3 from" in rank_log(cli, info["id"], 0)
+    # step 6's first save never committed: rank 0 did not announce it; the restart saved 6 again, then 8
+    assert facts.checkpoints == [3, 6, 8], facts.checkpoints
+    every = json.loads(cli("jobs", "checkpoints", info["id"], "--json", "--all", check=True).stdout)
+    partial = [c for c in every if not c["complete"]]
+    assert len(partial) == 1 and partial[0]["step"] == 6 and "rank 1" in partial[0]["reason"], every
+    committed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
+    assert [c["step"] for c in committed] == [3, 6, 8] and all(c["complete"] for c in committed), committed
+    assert partial[0]["path"] not in [c["path"] for c in committed]
+    # and a --resume of the run picks its latest committed checkpoint
+    from raytrain.checkpoints import store
+
+    assert store.resolve_resume(str(__import__("pathlib").Path(committed[0]["path"]).parent), None).step == 8
+    # the same run as the uninterrupted sync one
+    by_step = {m["step"]: m["loss"] for m in facts.metrics[-5:]}
+    assert [by_step[s] for s in range(4, 9)] == base.losses[3:], (facts.losses, base.losses)
+    assert_same_params(params, base_params)
+
+
+def test_async_and_sync_saves_agree_and_async_waits_are_reported(cli, tmp_path):
+    """ZeRO-3. The async run's step-2 upload is held 6 s, so step 4's save waits for it; step 6's (the last)
+    is held 4 s, so the job's end waits for it. Both say so; nothing else differs from sync saves."""
+    sync_info, sync, sync_params = run(cli, [*Z3, "--checkpoint-mode", "sync"], ["--steps", "6"], tmp_path, "s")
+    info, facts, params = run(cli, Z3, ["--steps", "6", "--slow-upload", "2:6", "--slow-upload", "6:4"], tmp_path,
+                              "a")  # async: the default for a train(ctx) job
+    assert facts.started["checkpoint_mode"] == "async" and sync.started["checkpoint_mode"] == "sync"
+    assert facts.losses == sync.losses
+    assert_same_params(params, sync_params)
+    assert facts.checkpoints == sync.checkpoints == [2, 4, 6]
+    for rank in (0, 1):
+        log = rank_log(cli, info["id"], rank)
+        assert f"raytrain: rank {rank}: the checkpoint of step 4 waited" in log and "for step 2's save" in log, log
+    log0 = rank_log(cli, info["id"], 0)
+    end = [line for line in log0.splitlines() if "the job's end waited" in line]
+    assert len(end) == 1 and "checkpoint of step 6" in end[0], log0[-3000:]
+    assert float(end[0].split("waited ")[1].split(" s")[0]) > 2.0, end  # it did wait for the held upload
+    listed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", "--all", check=True).stdout)
+    assert [c["step"] for c in listed] == [2, 4, 6] and all(c["complete"] for c in listed), listed
+
+
+def test_async_saves_under_a_pipeline_agree_with_sync(cli):
+    """--pp 2: each stage's layer files go through the snapshot too; the same losses and final probe loss."""
+    layouts = __import__("pathlib").Path(__file__).parent / "jobs" / "layouts.py"
+    flags = ["--workers", "2", "--pp", "2", "--micro-batch", "4", "--grad-accum", "2", "--checkpoint-every", "2"]
+    runs = {}
+    for mode in ("sync", "async"):
+        info = submit_json(cli, layouts, [*flags, "--checkpoint-mode", mode], ["--steps", "6"], timeout=420)
+        facts = cli.facts(info["id"])
+        listed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
+        assert [c["step"] for c in listed] == [2, 4, 6] and facts.checkpoints == [2, 4, 6], (mode, listed)
+        runs[mode] = ([m["loss"] for m in facts.metrics], facts.metrics[-1]["probe_loss"])
+    assert runs["async"] == runs["sync"]
