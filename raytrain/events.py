@@ -38,6 +38,8 @@ HANG = "hang"  # driver: no rank finished a step for the hang timeout; one line 
 STACKS = "stacks"  # `jobs stack`'s utility job: every rank's stacks now
 SKIPPED = "skipped"  # rank 0: every rank skipped an optimizer step: a non-finite loss/gradients (runtime.guard)
 REFUSED = "checkpoint_refused"  # rank 0: a checkpoint was not written: the weights are non-finite
+CHECKPOINT_STALL = "checkpoint_stall"  # rank 0: seconds the step paid for a checkpoint (stall_s), with its time
+PREEMPTED = "preempted"  # the rank that got a preemption notice: the checkpoint it led to (or why none), its save time
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -113,6 +115,9 @@ class JobFacts:
     hang: dict | None = None  # the latest hang event, until a step is reported after it
     skipped: list[dict] = field(default_factory=list)  # steps the non-finite guard skipped (step, message)
     refused: list[dict] = field(default_factory=list)  # checkpoints not written (non-finite weights)
+    stalls: list[dict] = field(default_factory=list)  # checkpoint_stall events (step, stall_s, time)
+    preempted: list[dict] = field(default_factory=list)  # preemption notices acted on (message, saved, save_s)
+    restart_times: list[float] = field(default_factory=list)  # when each restart was announced (goodput)
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -137,6 +142,8 @@ class JobFacts:
         elif kind == RESTARTING:
             self.restarts += 1
             self.restarting = True
+            if isinstance(event.get("time"), (int, float)):
+                self.restart_times.append(float(event["time"]))
         elif kind == MEMORY:
             self.memory[int(event.get("rank", 0))] = event
         elif kind == ESTIMATE:
@@ -169,6 +176,10 @@ class JobFacts:
             self.skipped.append(event)
         elif kind == REFUSED:
             self.refused.append(event)
+        elif kind == CHECKPOINT_STALL:
+            self.stalls.append(event)
+        elif kind == PREEMPTED:
+            self.preempted.append(event)
 
     def warnings(self) -> list[str]:
         """A hang's line per rank (until a step is reported after it); what the job's workers could not measure

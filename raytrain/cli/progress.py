@@ -280,7 +280,7 @@ class ProgressPrinter:
                 self.console.print(f"raytrain: {line}", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.RESIZED:
             self.console.print(f"raytrain: {describe_resize(event)}", markup=False, highlight=False, soft_wrap=True)
-        elif kind in (events.SKIPPED, events.REFUSED):
+        elif kind in (events.SKIPPED, events.REFUSED, events.PREEMPTED):
             self.console.print(f"raytrain: {event.get('message', '')}", markup=False, highlight=False, soft_wrap=True)
         elif self.endings and kind in (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID, events.STOPPED):
             self._ending = describe_ending(event)  # said last: workers' lines can reach the log after it

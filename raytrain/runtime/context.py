@@ -5,11 +5,12 @@ small collaborators: reporting (runtime.reporter), checkpoints (runtime.checkpoi
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 from raytrain import events, settings, timings
 from raytrain.config.plan import Plan
-from raytrain.runtime import heartbeat, hf_model
+from raytrain.runtime import heartbeat, hf_model, preemption
 from raytrain.runtime.checkpointer import Checkpointer
 from raytrain.runtime.data import Position, ShardBatches
 from raytrain.runtime.engine import build_engine, engine_facts
@@ -71,6 +72,7 @@ class TrainContext:
         self._positions: dict[str, Position] = {}  # each --data dataset's position, saved with checkpoints
         self._loaders: list[ShardBatches] = []
         self._reported_wait_s = 0.0
+        self.last_save_s: float | None = None  # the last checkpoint's stall (seconds the step paid for it)
         self._reporter.world_size, self._reporter.on_gpu = world_size, plan.scaling.use_gpu
         self._reporter.total_steps = steps_from_args(self.args)
         if plan.scaling.use_gpu and torch.cuda.is_available():
@@ -308,6 +310,8 @@ class TrainContext:
             if self._reporter.trackers is not None:  # a restore resumes after this step: log up to it first
                 self._reporter.trackers.flush()
             self._save(clean)
+        if self.engine is not None:  # a preemption notice on any rank: all save this step, then restart
+            preemption.check(self, clean)
 
     def _save(self, metrics: dict[str, Any]) -> None:
         """A checkpoint, unless the weights are non-finite on any rank (then an event: a restart must never
@@ -323,7 +327,13 @@ class TrainContext:
                 events.emit(events.REFUSED, step=step,
                             message=f"checkpoint of step {step} not written: the weights are non-finite")
             return
+        started = time.perf_counter()
         self._checkpoints.save(self.engine, metrics, self._saved_state())
+        # what the step paid for the save (goodput's checkpoint stalls; a preemption's deadline check)
+        self.last_save_s = time.perf_counter() - started
+        if self.is_main:
+            events.emit(events.CHECKPOINT_STALL, step=int(metrics["step"]), stall_s=round(self.last_save_s, 4),
+                        time=round(time.time(), 3))
 
     def finish(self) -> None:
         """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 from raytrain import events, redact, settings, timings
@@ -93,6 +94,7 @@ def restart_announcer(max_failures: int):
                     attempt=self.failures + 1,
                     rank=rank,
                     reason=f"{type(cause).__name__}: {_one_line(cause)}",
+                    time=round(time.time(), 3),
                 )
 
     return AnnounceRestarts()
@@ -430,6 +432,7 @@ def main() -> int:
     checkpoint = getattr(result, "checkpoint", None)
     emit(
         events.FINISHED,
+        time=round(time.time(), 3),
         metrics=result.metrics,
         path=getattr(result, "path", None),
         checkpoint=getattr(checkpoint, "path", None),

@@ -73,6 +73,9 @@ def _train(config: dict[str, Any]) -> None:
     from raytrain.runtime import heartbeat
 
     heartbeat.start(rank)  # where this rank is, every few seconds, and its stacks on request (hang watchdog)
+    from raytrain.runtime import preemption
+
+    preemption.start_watch()  # a drain of this node, or a Kubernetes preStop's notice file: a preemption notice
     from raytrain.runtime import core_binding
 
     cores = core_binding.bind_worker(train_ctx.get_local_rank(), train_ctx.get_local_world_size(),
