@@ -23,9 +23,9 @@ def add_fault_tolerance_args(parser: argparse.ArgumentParser) -> None:
                         help="after this step every rank waits (up to 600 s) to be stopped: a test's handshake "
                              "point for `jobs stop`")
     parser.add_argument("--preempt-handshake", default="",
-                        help="DIR:STEP: after STEP (first attempt only) the last rank writes DIR/rank-N.pid (its "
-                             "process id and node) and waits (up to 300 s) for a preemption notice (SIGTERM, a "
-                             "node drain): a test's handshake point")
+                        help="DIR:STEP: after STEP (first attempt only) every rank writes DIR/rank-N.json (its "
+                             "process id and node) and waits (up to 300 s) until a rank has a preemption notice "
+                             "(SIGTERM, a node drain): a test's handshake point")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step")
     parser.add_argument("--probe-out", default="", help="rank 0 saves the model's outputs on a fixed input here")
 
@@ -51,8 +51,10 @@ def after_step(ctx, args, step: int) -> None:
 
 
 def wait_for_preemption(ctx, handshake: str, step: int) -> None:
+    """``--preempt-handshake DIR:STEP``: after STEP every rank writes DIR/rank-N.json (its pid and node) and
+    waits (up to 300 s) until some rank has a preemption notice: the rank that gets it writes DIR/notice."""
     folder, _, at = handshake.rpartition(":")
-    if step != int(at) or ctx.rank != ctx.world_size - 1:
+    if step != int(at):
         return
     import json
 
@@ -60,13 +62,18 @@ def wait_for_preemption(ctx, handshake: str, step: int) -> None:
 
     from raytrain.runtime import preemption
 
-    path = os.path.join(folder, f"rank-{ctx.rank}.pid")
+    path = os.path.join(folder, f"rank-{ctx.rank}.json")
     with open(path + ".tmp", "w") as f:
-        json.dump({"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+        json.dump({"rank": ctx.rank, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                    "ip": ray.util.get_node_ip_address(), "step": step}, f)
     os.replace(path + ".tmp", path)
+    notice = os.path.join(folder, "notice")
     deadline = time.monotonic() + 300
-    while preemption.current() is None and time.monotonic() < deadline:
+    while not os.path.exists(notice) and time.monotonic() < deadline:
+        if preemption.current() is not None:
+            with open(notice, "w") as f:
+                f.write(f"rank {ctx.rank}: {preemption.current().reason}\n")
+            break
         time.sleep(0.05)
 
 

@@ -106,3 +106,28 @@ def describe(g: dict[str, Any] | None) -> str:
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in g["parts"].items() if v >= 0.05)
     start = f" (start-up before it {g['startup_s']:.1f} s)" if g.get("startup_s") is not None else ""
     return f"{g['goodput'] * 100:.1f}% of {g['wall_s']:.1f} s since the first step: {parts}{start}"
+
+
+class Feed:
+    """Rank 0's goodput for --track's trackers: the run's record read once (the steps, restarts and saves
+    of earlier worker groups), then this group's reports and saves as they happen; ``update`` gives
+    ``{"goodput": fraction}`` at most every ``every_s`` (a report in between gets nothing)."""
+
+    def __init__(self, record_lines: list[str] | None = None, every_s: float = 10.0):
+        from raytrain.events import JobFacts
+
+        self.facts = JobFacts.from_lines(record_lines or [])
+        self.every_s = every_s
+        self._last = -float("inf")
+
+    def add(self, event: dict) -> None:
+        self.facts.add(event)
+
+    def update(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        self.facts.add({"event": "metrics", **metrics})
+        now = float(metrics.get("wall_time") or time.time())
+        if now - self._last < self.every_s:
+            return {}
+        self._last = now
+        g = goodput(self.facts, now=now)
+        return {"goodput": g["goodput"]} if g and g.get("goodput") is not None else {}

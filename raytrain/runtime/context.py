@@ -332,8 +332,10 @@ class TrainContext:
         # what the step paid for the save (goodput's checkpoint stalls; a preemption's deadline check)
         self.last_save_s = time.perf_counter() - started
         if self.is_main:
-            events.emit(events.CHECKPOINT_STALL, step=int(metrics["step"]), stall_s=round(self.last_save_s, 4),
-                        time=round(time.time(), 3))
+            stall = {"step": int(metrics["step"]), "stall_s": round(self.last_save_s, 4), "time": round(time.time(), 3)}
+            events.emit(events.CHECKPOINT_STALL, **stall)
+            if self._reporter.goodput is not None:
+                self._reporter.goodput.add({"event": events.CHECKPOINT_STALL, **stall})
 
     def finish(self) -> None:
         """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;
@@ -363,6 +365,18 @@ def _default_optimizer(lr: float, *, fused: bool) -> Any:
     return optimizer
 
 
+def _goodput_feed(plan: Plan, run_name: str) -> Any:
+    """Rank 0's goodput feed for the trackers, seeded with the run's record so far (earlier worker groups)."""
+    from raytrain import goodput, run_record
+
+    folder = run_record.record_dir(plan.storage, run_name)
+    try:
+        lines = run_record.read_lines(folder) if folder else []
+    except OSError:  # no record: goodput from this worker group's reports only
+        lines = []
+    return goodput.Feed(lines)
+
+
 def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") -> TrainContext:
     """The context of the calling Ray Train worker."""
     import ray.train
@@ -384,6 +398,7 @@ def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") ->
         ctx._reporter.trackers = trackers.start(plan, rank=ctx.rank, run_name=run_name, log=ctx.log)
         if ctx._reporter.trackers is not None:  # a hang's summary reaches the trackers too
             heartbeat.ON_HANG.append(ctx._reporter.trackers.note)
+            ctx._reporter.goodput = _goodput_feed(plan, run_name)
     interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
     if interval > 0:
         ctx.start_monitor(interval)

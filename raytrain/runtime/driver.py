@@ -249,6 +249,9 @@ def end_trackers(plan: Plan, run_name: str, outcome: str) -> None:
                           log=lambda line: print(line, file=sys.stderr))
 
 
+BOARD: list = []  # the job's board (raytrain.runtime.hang_watch), once made: a SIGTERM tells the workers through it
+
+
 def record_when_stopped(plan: Plan, run_name: str) -> None:
     """`jobs stop` (and a cluster that stops) SIGTERMs this process; Ray's job supervisor SIGKILLs it 3 s later.
     The handler writes the job's last word, a ``stopped`` event (the run's record then says how the job ended
@@ -272,6 +275,11 @@ def record_when_stopped(plan: Plan, run_name: str) -> None:
             emit(events.STOPPED, signal="SIGTERM")
         except Exception:  # noqa: BLE001 (stdout gone or mid-write: the stop itself must go on)
             pass
+        for board in BOARD:  # the workers' preemption notice at their next beat (best effort: Ray's job stop
+            try:            # kills this driver, and with it the workers, RAY_JOB_STOP_WAIT_TIME_S after the SIGTERM)
+                board.preempt.remote("driver SIGTERM")
+            except Exception:  # noqa: BLE001
+                pass
         if ends_trackers:
             ender = threading.Thread(target=end_trackers, args=(plan, run_name, "stopped"), daemon=True)
             ender.start()
@@ -409,6 +417,8 @@ def main() -> int:
     watch = watch_placement(plan)
     record_when_stopped(plan, run_name)
     board, dog = watch_hangs(plan, run_name)  # noqa: F841 (the board lives as long as this handle)
+    if board is not None:
+        BOARD.append(board)
     try:
         with prompt_poll.installed():  # the controller polls the workers when they ask, else every 2 s
             result = trainer.fit()

@@ -33,12 +33,18 @@ class Board:
         self.answers: dict[int, dict] = {}  # rank -> its stack report for self.request
         self.exiting: set[int] = set()  # pids told to exit (--on-hang restart)
         self.hang: dict | None = None  # the latest hang's summary: rank 0 notes it in --track's trackers
+        self.preempt_reason: str | None = None  # the driver got a SIGTERM: every rank's preemption notice
 
     def beat(self, beat: dict) -> dict:
         if beat.get("pid") in self.exiting:
             return {"exit": True}
         self.beats[int(beat["rank"])] = {**beat, "seen": time.time()}
-        return {"stacks": self.request, **({"hang": self.hang} if self.hang else {})}
+        return {"stacks": self.request, **({"hang": self.hang} if self.hang else {}),
+                **({"preempt": self.preempt_reason} if self.preempt_reason else {})}
+
+    def preempt(self, reason: str) -> None:
+        """Every rank gets a preemption notice at its next beat (raytrain.runtime.preemption)."""
+        self.preempt_reason = reason
 
     def hung(self, summary: dict) -> None:
         self.hang = {**summary, "seq": (self.hang or {}).get("seq", 0) + 1}

@@ -31,7 +31,7 @@ def submit_in_background(cli, flags, job_args):
 
 
 def wait_for_file(path, thread, timeout=400):
-    """The job's handshake file (written by the last rank after the handshake step); fails if the submit ended
+    """The job's handshake file (written by each rank after the handshake step); fails if the submit ended
     first or after ``timeout`` s (a start-up on a loaded 2-core machine can take minutes)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -48,8 +48,8 @@ def test_sigterm_to_a_worker_commits_the_step_in_progress_and_resumes_from_it(cl
 
     thread, out = submit_in_background(cli, [*FLAGS, "--max-failures", "1"],
                                        ["--steps", "10", "--preempt-handshake", f"{tmp_path}:5"])
-    worker = wait_for_file(tmp_path / "rank-1.pid", thread)
-    os.kill(worker["pid"], signal.SIGTERM)  # rank 1 waits after step 5 until its notice arrives
+    worker = wait_for_file(tmp_path / "rank-1.json", thread)
+    os.kill(worker["pid"], signal.SIGTERM)  # every rank waits after step 5 until rank 1 has its notice
     thread.join(timeout=600)
     proc = out["proc"]
     assert proc.returncode == 0, proc.stdout + proc.stderr

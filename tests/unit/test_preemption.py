@@ -251,3 +251,38 @@ def test_a_bad_planned_save_time_is_refused(value):
 def test_a_bad_grace_period_is_refused():
     with pytest.raises(ConfigError, match=r"preemption.grace-seconds -5: must be an integer >= 0"):
         _k8s({"preemption": {"grace-seconds": -5}})
+
+
+def test_a_driver_sigterm_reaches_every_rank_through_the_board():
+    """The driver's SIGTERM handler marks the job's board; every rank's next beat reply carries the notice."""
+    from raytrain.runtime.hang_watch import Board
+
+    board = Board()
+    assert "preempt" not in board.beat({"rank": 0, "pid": 1})
+    board.preempt("driver SIGTERM")
+    assert board.beat({"rank": 1, "pid": 2})["preempt"] == "driver SIGTERM"
+
+
+def test_the_trackers_get_the_runs_goodput_through_the_reports():
+    """Rank 0's reports to --track's trackers carry the run's goodput (at most every 10 s), the earlier worker
+    groups' part read from the run's record."""
+    from raytrain.runtime.reporter import Reporter
+
+    record = [f"100.0 {format_event('metrics', step=1, wall_time=100.0, step_time_s=1.0)}",
+              f"101.0 {format_event('metrics', step=2, wall_time=101.0, step_time_s=1.0)}",
+              f"103.0 {format_event('restarting', attempt=2, time=103.0)}"]
+
+    class Sink:
+        def __init__(self):
+            self.reports = []
+
+        def report(self, metrics):
+            self.reports.append(metrics)
+
+    reporter = Reporter(rank=0, train_batch=4)
+    reporter.trackers, reporter.goodput = Sink(), goodput.Feed(record)
+    reporter.report({"step": 3, "wall_time": 111.0, "step_time_s": 1.0, "loss": 1.0})
+    reporter.report({"step": 4, "wall_time": 112.0, "step_time_s": 1.0, "loss": 1.0})  # < 10 s later: none
+    first, second = reporter.trackers.reports
+    # 11 s since step 1: steps 2 and 3 (1 s each), 2 s lost before the restart, 7 s of restart
+    assert first["goodput"] == pytest.approx(2 / 11, abs=1e-3) and "goodput" not in second
