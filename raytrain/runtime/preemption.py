@@ -219,8 +219,8 @@ def check(ctx: Any, metrics: dict[str, Any]) -> None:
             events.emit(events.PREEMPTED, step=step, rank=who, saved=False, deadline_s=round(left, 3),
                         save_s=round(last, 3), time=round(time.time(), 3), message=message)
         raise Preempted(message)
-    saved = ctx._checkpoints.last_saved_step == step
-    save_s = 0.0
+    saved = ctx._checkpoints.last_saved_step == step  # a periodic checkpoint of this very step
+    save_s = ctx.last_save_s or 0.0
     if not saved:
         ctx._save(dict(metrics))
         save_s = ctx.last_save_s or 0.0

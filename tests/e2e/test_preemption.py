@@ -56,6 +56,7 @@ def test_sigterm_to_a_worker_commits_the_step_in_progress_and_resumes_from_it(cl
     info = json.loads(proc.stdout)
     facts = cli.facts(info["id"])
     assert info["state"] == "succeeded" and info["restarts"] == 1, info
+    assert (tmp_path / "notice").read_text().startswith("rank 1: SIGTERM")  # the handshake: rank 1 had it
     (preempted,) = facts.preempted
     assert preempted["message"].startswith("preempted: SIGTERM on rank 1 (node "), preempted
     # the notice came while step 6 was in progress: step 6 is committed and the restart continues after it
