@@ -22,6 +22,10 @@ def add_fault_tolerance_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hold-at-step", type=int, default=0,
                         help="after this step every rank waits (up to 600 s) to be stopped: a test's handshake "
                              "point for `jobs stop`")
+    parser.add_argument("--preempt-handshake", default="",
+                        help="DIR:STEP: after STEP (first attempt only) every rank writes DIR/rank-N.json (its "
+                             "process id and node) and waits (up to 300 s) until a rank has a preemption notice "
+                             "(SIGTERM, a node drain): a test's handshake point")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step")
     parser.add_argument("--probe-out", default="", help="rank 0 saves the model's outputs on a fixed input here")
 
@@ -31,6 +35,8 @@ def after_step(ctx, args, step: int) -> None:
         time.sleep(args.step_sleep)
     if getattr(args, "hold_at_step", 0) and step == args.hold_at_step:
         time.sleep(600)  # until `jobs stop`; bounded so a test that never stops it cannot hold a CPU for good
+    if getattr(args, "preempt_handshake", "") and ctx.resumed_from is None:
+        wait_for_preemption(ctx, args.preempt_handshake, step)
     if args.fail_once_at_step and step == args.fail_once_at_step and ctx.resumed_from is None:
         import torch.distributed as dist
 
@@ -42,6 +48,33 @@ def after_step(ctx, args, step: int) -> None:
         if ctx.rank == min(1, ctx.world_size - 1):
             print(f"rank {ctx.rank}: simulated crash at step {step}", flush=True)
             os._exit(1)  # a real process death, not an exception
+
+
+def wait_for_preemption(ctx, handshake: str, step: int) -> None:
+    """``--preempt-handshake DIR:STEP``: after STEP every rank writes DIR/rank-N.json (its pid and node) and
+    waits (up to 300 s) until some rank has a preemption notice: the rank that gets it writes DIR/notice."""
+    folder, _, at = handshake.rpartition(":")
+    if step != int(at):
+        return
+    import json
+
+    import ray
+
+    from raytrain.runtime import preemption
+
+    path = os.path.join(folder, f"rank-{ctx.rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"rank": ctx.rank, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                   "ip": ray.util.get_node_ip_address(), "step": step}, f)
+    os.replace(path + ".tmp", path)
+    notice = os.path.join(folder, "notice")
+    deadline = time.monotonic() + 300
+    while not os.path.exists(notice) and time.monotonic() < deadline:
+        if preemption.current() is not None:
+            with open(notice, "w") as f:
+                f.write(f"rank {ctx.rank}: {preemption.current().reason}\n")
+            break
+        time.sleep(0.05)
 
 
 def before_backward(ctx, args, step: int, micro: int, loss: torch.Tensor) -> None:

@@ -40,6 +40,8 @@ STACKS = "stacks"  # `jobs stack`'s utility job: every rank's stacks now
 SKIPPED = "skipped"  # rank 0: every rank skipped an optimizer step: a non-finite loss/gradients (runtime.guard)
 REFUSED = "checkpoint_refused"  # rank 0: a checkpoint was not written: the weights are non-finite
 ROLLBACK = "rollback"  # rank 0: --rollback-after bad steps in a row: back to the last checkpoint, their rows skipped
+CHECKPOINT_STALL = "checkpoint_stall"  # rank 0: seconds the step paid for a checkpoint (stall_s), with its time
+PREEMPTED = "preempted"  # the rank that got a preemption notice: the checkpoint it led to (or why none), its save time
 
 
 def format_event(kind: str, **data: Any) -> str:
@@ -119,6 +121,9 @@ class JobFacts:
     skipped: list[dict] = field(default_factory=list)  # steps the non-finite guard skipped (step, message)
     refused: list[dict] = field(default_factory=list)  # checkpoints not written (non-finite weights)
     rollbacks: list[dict] = field(default_factory=list)  # rollbacks after bad steps in a row (message, rows)
+    stalls: list[dict] = field(default_factory=list)  # checkpoint_stall events (step, stall_s, time)
+    preempted: list[dict] = field(default_factory=list)  # preemption notices acted on (message, saved, save_s)
+    restart_times: list[float] = field(default_factory=list)  # when each restart was announced (goodput)
 
     _seen: set = field(default_factory=set, repr=False)
 
@@ -143,6 +148,8 @@ class JobFacts:
         elif kind == RESTARTING:
             self.restarts += 1
             self.restarting = True
+            if isinstance(event.get("time"), (int, float)):
+                self.restart_times.append(float(event["time"]))
         elif kind == MEMORY:
             self.memory[int(event.get("rank", 0))] = event
         elif kind == ESTIMATE:
@@ -182,6 +189,10 @@ class JobFacts:
             self.refused.append(event)
         elif kind == ROLLBACK:
             self.rollbacks.append(event)
+        elif kind == CHECKPOINT_STALL:
+            self.stalls.append(event)
+        elif kind == PREEMPTED:
+            self.preempted.append(event)
 
     def warnings(self) -> list[str]:
         """A hang's line per rank (until a step is reported after it); a straggler's line (until it recovers);

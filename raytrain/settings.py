@@ -94,6 +94,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "bind each CPU worker's training thread to a core of its own where the workers hold every core"),
     _s("DS_SHM_COMM", "switch", False, "user", "job",
        "1 keeps DeepSpeed's `deepspeed_shm_comm` op on CPU workers (compiled on first use)"),
+    _s("PREEMPT_FILE", "path", None, "internal", "workers",
+       "the file a Kubernetes preStop hook writes to give the workers a preemption notice (its content: the "
+       "deadline, seconds since the epoch); set in the pods raytrain generates; unset: no file is watched"),
     _s("MONITOR_INTERVAL_S", "seconds", 1.0, "user", "job",
        "how often each worker samples its memory and GPU use for progress and `jobs status`"),
     _s("HF_LOG_EVERY_STEPS", "int", 1, "user", "job", "how often a Hugging Face Trainer script's callback asks "

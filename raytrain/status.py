@@ -105,6 +105,15 @@ class JobInfo:
         """What the status could not see or the job could not measure: shown by `jobs status`."""
         return [*self.problems, *(self.facts.warnings() if self.facts else [])]
 
+    def goodput(self) -> dict[str, Any] | None:
+        """raytrain.goodput of the job so far (to its end once it ended)."""
+        if self.facts is None:
+            return None
+        from raytrain import goodput
+
+        now = self.end_time if self.state.terminal and self.end_time else None
+        return goodput.goodput(self.facts, now=now, job_start=self.start_time)
+
     def to_dict(self) -> dict[str, Any]:
         out = {
             "id": self.job_id,
@@ -133,4 +142,6 @@ class JobInfo:
             out["checkpoints_refused"] = self.facts.refused
             out["rollbacks"] = self.facts.rollbacks
             out["waiting"] = (self.facts.waiting or {}).get("message")
+            out["goodput"] = self.goodput()
+            out["preempted"] = self.facts.preempted
         return out

@@ -135,6 +135,14 @@ def status(job_id, address, as_json, show_timings, storage, **k8s):
             click.echo(f"{'workers' if i == 0 else '':<9} {line.strip()}")
     if facts and facts.restarts:
         click.echo(f"restarts  {facts.restarts}")
+    for event in (facts.preempted if facts else []):
+        click.echo(f"preempted {event.get('message', '')[len('preempted: '):]}")
+    if facts:
+        from raytrain import goodput
+
+        line = goodput.describe(info.goodput())
+        if line:
+            click.echo(f"goodput   {line}")
     if facts and facts.resized:
         click.echo(f"resized   {describe_resize(facts.resized[-1])}")
     if facts and facts.skipped:

@@ -289,7 +289,7 @@ class ProgressPrinter:
                 self.console.print(f"raytrain: {line}", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.RESIZED:
             self.console.print(f"raytrain: {describe_resize(event)}", markup=False, highlight=False, soft_wrap=True)
-        elif kind in (events.STRAGGLER, events.SKIPPED, events.REFUSED, events.ROLLBACK):
+        elif kind in (events.STRAGGLER, events.SKIPPED, events.REFUSED, events.ROLLBACK, events.PREEMPTED):
             self.console.print(f"raytrain: {event.get('message', '')}", markup=False, highlight=False, soft_wrap=True)
         elif self.endings and kind in (events.FINISHED, events.ERROR, events.CAPACITY, events.INVALID, events.STOPPED):
             self._ending = describe_ending(event)  # said last: workers' lines can reach the log after it

@@ -184,6 +184,31 @@ def secret_env_of(profile: K8sProfile, flag: dict[str, tuple[str, str]] | None =
     return {**profile.env_from_secret, **(flag or {})}
 
 
+PREEMPT_FILE = "/tmp/raytrain-preempt"  # the worker pods' preStop writes it; the workers watch it (RAYTRAIN_PREEMPT_FILE)
+GRACE_MARGIN_S = 30  # shutdown after the save: the workers' exit, Ray's own stop
+
+
+def grace_seconds(profile: K8sProfile) -> int:
+    """A worker pod's terminationGracePeriodSeconds: the profile's ``preemption.grace-seconds`` where given,
+    else twice the planned save time (``preemption.save-seconds``: a save started late in a step still ends
+    in time) plus ``GRACE_MARGIN_S``."""
+    pre = profile.preemption
+    if pre.grace_seconds is not None:
+        return int(pre.grace_seconds)
+    return int(math.ceil(2 * float(pre.save_seconds))) + GRACE_MARGIN_S
+
+
+def prestop_hook(grace: int) -> dict[str, Any]:
+    """The preStop hook that gives raytrain the notice: the deadline (seconds since the epoch, a few seconds
+    before the kubelet's SIGKILL) into ``PREEMPT_FILE``, then a wait until the workers have committed their
+    checkpoint (they write ``PREEMPT_FILE.done``) or the grace period is nearly over. Kubernetes sends the
+    container its SIGTERM (which stops Ray) only after this returns."""
+    wait = max(grace - 5, 0)
+    script = (f"echo $(( $(date +%s) + {wait} )) > {PREEMPT_FILE}.tmp && mv {PREEMPT_FILE}.tmp {PREEMPT_FILE}; "
+              f"i=0; while [ ! -e {PREEMPT_FILE}.done ] && [ $i -lt {wait} ]; do sleep 1; i=$((i+1)); done")
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", script]}}}
+
+
 def _pod_template(
     profile: K8sProfile, group: PodGroup, container_name: str, *, head: bool, owner: str = "",
     secret_env: dict[str, tuple[str, str]] | None = None,
@@ -198,6 +223,9 @@ def _pod_template(
     secret_env = secret_env_of(profile, secret_env)
     env = [{"name": k, "value": v} for k, v in profile.env.items() if k not in secret_env] + _secret_env(secret_env)
     env += _auth_env(owner) if owner else []
+    if not head:  # the workers watch the preStop's notice file (raytrain.runtime.preemption)
+        env.append({"name": "RAYTRAIN_PREEMPT_FILE", "value": PREEMPT_FILE})
+        container["lifecycle"] = prestop_hook(grace_seconds(profile))
     if env:
         container["env"] = env
     container["securityContext"] = dict(CONTAINER_SECURITY)
@@ -221,6 +249,8 @@ def _pod_template(
         spec["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         spec["tolerations"] = [dict(t) for t in group.tolerations]
+    if not head:  # time for a preemption checkpoint between the preStop's notice and the kill
+        spec["terminationGracePeriodSeconds"] = grace_seconds(profile)
     spec["containers"] = [container]
     if volumes:
         spec["volumes"] = volumes

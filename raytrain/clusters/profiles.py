@@ -81,6 +81,15 @@ class RayJobDefaults:
 
 
 @dataclass
+class Preemption:
+    """How long a worker pod may take to go away (raytrain.clusters.k8s_manifests.grace_seconds): the time
+    planned for one checkpoint save, or the grace period itself."""
+
+    save_seconds: float = 60.0  # one checkpoint's planned save (snapshot, write, upload) on these pods
+    grace_seconds: int | None = None  # terminationGracePeriodSeconds as given (else derived from save_seconds)
+
+
+@dataclass
 class Security:
     """What the Ray pods may do. The defaults fit rayproject/ray images (user ``ray``, uid 1000, gid 100)."""
 
@@ -115,6 +124,7 @@ class K8sProfile:
     storage: Storage = field(default_factory=Storage)
     rayjob: RayJobDefaults = field(default_factory=RayJobDefaults)
     security: Security = field(default_factory=Security)
+    preemption: Preemption = field(default_factory=Preemption)
     kind: str = "kuberay"
 
 
@@ -214,6 +224,13 @@ def check_k8s_profile(profile: K8sProfile, path: str = "<built-in>") -> K8sProfi
         raise _fail(path, f"env and env-from-secret both set {', '.join(clash)}: keep one")
     _check_group(profile.head, path, "head")
     _check_group(profile.workers, path, "workers")
+    pre = profile.preemption
+    if isinstance(pre.save_seconds, bool) or not isinstance(pre.save_seconds, (int, float)) or \
+            not 0 < pre.save_seconds < 86400:
+        raise _fail(path, f"preemption.save-seconds {pre.save_seconds!r}: must be a number of seconds > 0, "
+                          "e.g. 60")
+    if pre.grace_seconds is not None:
+        pre.grace_seconds = _int(path, "preemption.grace-seconds", pre.grace_seconds, 0)
     w = profile.workers
     w.replicas = _int(path, "workers.replicas", w.replicas, 0)
     if w.min_replicas is not None:
@@ -268,6 +285,7 @@ def _secret_refs(path: str, value: Any) -> dict[str, tuple[str, str]]:
 
 _K8S_NESTED = {
     "head": PodGroup, "workers": WorkerGroup, "storage": Storage, "rayjob": RayJobDefaults, "security": Security,
+    "preemption": Preemption,
 }
 
 

@@ -5,11 +5,12 @@ small collaborators: reporting (runtime.reporter), checkpoints (runtime.checkpoi
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 from raytrain import events, settings, timings
 from raytrain.config.plan import Plan
-from raytrain.runtime import heartbeat, hf_model
+from raytrain.runtime import heartbeat, hf_model, preemption
 from raytrain.runtime.checkpointer import Checkpointer
 from raytrain.runtime.data import Position, ShardBatches
 from raytrain.runtime.engine import build_engine, engine_facts
@@ -77,6 +78,7 @@ class TrainContext:
         self._spike_window: list[float] | None = None  # restored with a checkpoint
         self._guard: Any = None
         self._reported_wait_s = 0.0
+        self.last_save_s: float | None = None  # the last checkpoint's stall (seconds the step paid for it)
         self._reporter.world_size, self._reporter.on_gpu = world_size, plan.scaling.use_gpu
         self._reporter.total_steps = steps_from_args(self.args)
         if plan.scaling.use_gpu and torch.cuda.is_available():
@@ -386,6 +388,8 @@ class TrainContext:
             if self._reporter.trackers is not None:  # a restore resumes after this step: log up to it first
                 self._reporter.trackers.flush()
             self._save(clean)
+        if self.engine is not None:  # a preemption notice on any rank: all save this step, then restart
+            preemption.check(self, clean)
 
     def _save(self, metrics: dict[str, Any]) -> None:
         """A checkpoint, unless the weights are non-finite on any rank (then an event: a restart must never
@@ -401,7 +405,15 @@ class TrainContext:
                 events.emit(events.REFUSED, step=step,
                             message=f"checkpoint of step {step} not written: the weights are non-finite")
             return
+        started = time.perf_counter()
         self._checkpoints.save(self.engine, metrics, self._saved_state())
+        # what the step paid for the save (goodput's checkpoint stalls; a preemption's deadline check)
+        self.last_save_s = time.perf_counter() - started
+        if self.is_main:
+            stall = {"step": int(metrics["step"]), "stall_s": round(self.last_save_s, 4), "time": round(time.time(), 3)}
+            events.emit(events.CHECKPOINT_STALL, **stall)
+            if self._reporter.goodput is not None:
+                self._reporter.goodput.add({"event": events.CHECKPOINT_STALL, **stall})
 
     def finish(self) -> None:
         """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;
@@ -437,6 +449,18 @@ def _default_optimizer(lr: float, *, fused: bool) -> Any:
     return optimizer
 
 
+def _goodput_feed(plan: Plan, run_name: str) -> Any:
+    """Rank 0's goodput feed for the trackers, seeded with the run's record so far (earlier worker groups)."""
+    from raytrain import goodput, run_record
+
+    folder = run_record.record_dir(plan.storage, run_name)
+    try:
+        lines = run_record.read_lines(folder) if folder else []
+    except OSError:  # no record: goodput from this worker group's reports only
+        lines = []
+    return goodput.Feed(lines)
+
+
 def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") -> TrainContext:
     """The context of the calling Ray Train worker."""
     import ray.train
@@ -458,6 +482,7 @@ def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") ->
         ctx._reporter.trackers = trackers.start(plan, rank=ctx.rank, run_name=run_name, log=ctx.log)
         if ctx._reporter.trackers is not None:  # a hang's summary reaches the trackers too
             heartbeat.ON_HANG.append(ctx._reporter.trackers.note)
+            ctx._reporter.goodput = _goodput_feed(plan, run_name)
     interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
     if interval > 0:
         ctx.start_monitor(interval)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 from raytrain import events, redact, settings, timings
@@ -97,6 +98,7 @@ def restart_announcer(max_failures: int):
                     attempt=self.failures + 1,
                     rank=rank,
                     reason=f"{type(cause).__name__}: {_one_line(cause)}",
+                    time=round(time.time(), 3),
                 )
 
     return AnnounceRestarts()
@@ -260,6 +262,9 @@ def end_trackers(plan: Plan, run_name: str, outcome: str) -> None:
                           log=lambda line: print(line, file=sys.stderr))
 
 
+BOARD: list = []  # the job's board (raytrain.runtime.hang_watch), once made: a SIGTERM tells the workers through it
+
+
 def record_when_stopped(plan: Plan, run_name: str) -> None:
     """`jobs stop` (and a cluster that stops) SIGTERMs this process; Ray's job supervisor SIGKILLs it 3 s later.
     The handler writes the job's last word, a ``stopped`` event (the run's record then says how the job ended
@@ -285,6 +290,11 @@ def record_when_stopped(plan: Plan, run_name: str) -> None:
             try:  # not reentrant; the record has the event already): the line straight to the fd
                 os.write(1, (events.format_event(events.STOPPED, signal="SIGTERM") + "\n").encode())
             except OSError:  # the stop itself must go on
+                pass
+        for board in BOARD:  # the workers' preemption notice at their next beat (best effort: Ray's job stop
+            try:            # kills this driver, and with it the workers, RAY_JOB_STOP_WAIT_TIME_S after the SIGTERM)
+                board.preempt.remote("driver SIGTERM")
+            except Exception:  # noqa: BLE001
                 pass
         if ends_trackers:
             ender = threading.Thread(target=end_trackers, args=(plan, run_name, "stopped"), daemon=True)
@@ -424,6 +434,8 @@ def main() -> int:
     watch = watch_placement(plan)
     record_when_stopped(plan, run_name)
     board, dog = watch_hangs(plan, run_name)  # noqa: F841 (the board lives as long as this handle)
+    if board is not None:
+        BOARD.append(board)
     try:
         with prompt_poll.installed(), rollback_policy(plan):  # the controller polls the workers when they ask
             result = trainer.fit()
@@ -453,6 +465,7 @@ def main() -> int:
     checkpoint = getattr(result, "checkpoint", None)
     emit(
         events.FINISHED,
+        time=round(time.time(), 3),
         metrics=result.metrics,
         path=getattr(result, "path", None),
         checkpoint=getattr(checkpoint, "path", None),

@@ -35,13 +35,19 @@ class Board:
         self.hang: dict | None = None  # the latest hang's summary: rank 0 notes it in --track's trackers
         self.straggler: dict | None = None  # the latest straggler episode's change: noted the same way
         self.rollbacks: list[dict] = []  # the job's rollbacks (runtime.rollback): the rows each one skips
+        self.preempt_reason: str | None = None  # the driver got a SIGTERM: every rank's preemption notice
 
     def beat(self, beat: dict) -> dict:
         if beat.get("pid") in self.exiting:
             return {"exit": True}
         self.beats[int(beat["rank"])] = {**beat, "seen": time.time()}
         return {"stacks": self.request, **({"hang": self.hang} if self.hang else {}),
-                **({"straggler": self.straggler} if self.straggler else {})}
+                **({"straggler": self.straggler} if self.straggler else {}),
+                **({"preempt": self.preempt_reason} if self.preempt_reason else {})}
+
+    def preempt(self, reason: str) -> None:
+        """Every rank gets a preemption notice at its next beat (raytrain.runtime.preemption)."""
+        self.preempt_reason = reason
 
     def hung(self, summary: dict) -> None:
         self.hang = {**summary, "seq": (self.hang or {}).get("seq", 0) + 1}

@@ -137,6 +137,10 @@ class Beat(threading.Thread):
                     sys.stderr.write("raytrain: the hang watchdog restarts the workers\n")
                     sys.stderr.flush()
                     os._exit(1)
+                if reply.get("preempt"):  # the driver got a SIGTERM: checkpoint at the next step boundary
+                    from raytrain.runtime import preemption
+
+                    preemption.notify(str(reply["preempt"]))
                 hung = reply.get("hang") or {}
                 if hung.get("seq", 0) > hang_seen:
                     hang_seen = hung["seq"]

@@ -276,6 +276,11 @@ def before_process_group(worker_group: Any, interface: str | None) -> None:
 
     run_record.start_from_env("controller")
     timings.emit("workers_started")
+    from raytrain.runtime import preemption
+
+    # SIGTERM becomes a preemption notice; a handler can only be set on a process's main thread, where the
+    # worker actor's tasks run (its train function runs on a thread of its own)
+    worker_group.execute(preemption.install)
     events.emit(events.PREFLIGHT, **run(worker_group, interface))
     timings.emit("preflight")
 

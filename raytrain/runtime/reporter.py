@@ -57,6 +57,7 @@ class Reporter:
         self.train_batch = train_batch
         self.monitor = None  # a MemoryMonitor, once start_monitor ran
         self.trackers = None  # rank 0's raytrain.runtime.trackers.Trackers (--track), fed each report
+        self.goodput = None  # rank 0's raytrain.goodput.Feed: the trackers get the run's goodput so far
         self.total_steps: int | None = None  # the run's length (ctx.total_steps): the progress bar and ETA
         self.tokens_per_sample: float | None = None  # ctx.tokens_per_sample: tokens/s
         self.flops_per_sample: float | None = None  # ctx.flops_per_sample: TFLOP/s and MFU on GPU workers
@@ -134,7 +135,7 @@ class Reporter:
         if self.rank == 0:
             events.emit(events.METRICS, **clean)
             if self.trackers is not None:
-                self.trackers.report(clean)
+                self.trackers.report({**clean, **(self.goodput.update(clean) if self.goodput else {})})
         self.memory_event()
         return clean
 

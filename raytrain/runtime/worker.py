@@ -81,6 +81,9 @@ def _train(config: dict[str, Any]) -> None:
     # where this rank is, every few seconds, its stacks on request (hang watchdog), its compute time per step
     # (straggler watch); --hang-timeout 0 turns the driver's watchdog, and so the timing, off
     heartbeat.start(rank, time_compute=plan.hang_timeout_s != 0)
+    from raytrain.runtime import preemption
+
+    preemption.start_watch()  # a drain of this node, or a Kubernetes preStop's notice file: a preemption notice
     from raytrain.runtime import core_binding
 
     cores = core_binding.bind_worker(train_ctx.get_local_rank(), train_ctx.get_local_world_size(),

@@ -31,6 +31,7 @@ EVERYTHING = {
                "runtime-env": {"pip": ["six==1.16.0"]}},
     "security": {"run-as-user": 2000, "run-as-group": 2000, "fs-group": 2000, "automount-service-account-token": True,
                  "seccomp-profile": "Localhost/profiles/ray.json", "operator-namespace": "kuberay"},
+    "preemption": {"save-seconds": 45},
 }
 BARE = {"kind": "kuberay", "name": "bare", "security": {"run-as-user": None, "run-as-group": None, "fs-group": None,
                                                          "seccomp-profile": None},
@@ -74,6 +75,21 @@ def test_every_manifest_raytrain_renders_is_stored_as_sent(kube, namespace, stor
         assert not lost, f"{what}: the server pruned {sorted(lost)}"
         assert obj["spec"] == stored(m), what  # and added nothing but the schema's defaults
         assert {k: obj["metadata"][k] for k in m["metadata"]} == m["metadata"], what
+
+
+def test_worker_pods_keep_their_grace_period_and_prestop(kube, namespace):
+    """The preemption notice path (docs/preemption.md) survives KubeRay's schema: the worker pods' grace period
+    (from the profile's planned save time, or its override) and preStop hook are stored as rendered."""
+    for extra, grace in (({"save-seconds": 45}, 2 * 45 + 30), ({"grace-seconds": 900}, 900)):
+        p = parse_cluster_profile({"kind": "kuberay", "name": "pre", "preemption": extra})
+        m = render_raycluster(p, f"pre-{grace}", namespace)
+        obj = RayObjects(kube, "rayclusters", namespace).apply(m)
+        pod = obj["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+        assert hook[:2] == ["/bin/sh", "-c"] and "/tmp/raytrain-preempt" in hook[2] and f"-lt {grace - 5}" in hook[2]
+        assert {"name": "RAYTRAIN_PREEMPT_FILE", "value": "/tmp/raytrain-preempt"} in pod["containers"][0]["env"]
+        assert "lifecycle" not in obj["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
 
 
 def test_the_defaults_helper_adds_only_defaults(stored):

@@ -1,0 +1,77 @@
+"""Preemption-aware checkpoints on the real local cluster: a SIGTERM to one worker mid-run commits a checkpoint
+at the step in progress (with --checkpoint-every far beyond the run), the group restarts from it, no step is
+lost and at most one redone, and the run ends with the weights of an uninterrupted run; goodput adds up."""
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.conftest import JOBS
+from tests.e2e.test_checkpoints import assert_same_weights, submit_json
+
+pytestmark = pytest.mark.e2e
+
+FLAGS = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--grad-accum", "2", "--micro-batch", "2",
+         "--checkpoint-every", "1000"]
+
+
+def submit_in_background(cli, flags, job_args):
+    """`raytrain submit ... --json` on a thread: (thread, {"proc": its CompletedProcess once done})."""
+    out = {}
+
+    def run():
+        out["proc"] = cli("submit", JOBS / "gpt_zero.py", *flags, "--json", "--", *job_args, timeout=600)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def wait_for_file(path, thread, timeout=400):
+    """The job's handshake file (written by each rank after the handshake step); fails if the submit ended
+    first or after ``timeout`` s (a start-up on a loaded 2-core machine can take minutes)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert thread.is_alive(), "the job ended before its handshake"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.2)
+    return json.loads(path.read_text())
+
+
+def test_sigterm_to_a_worker_commits_the_step_in_progress_and_resumes_from_it(cli, tmp_path):
+    base = submit_json(cli, JOBS / "gpt_zero.py", FLAGS, ["--steps", "10"])
+    base_facts = cli.facts(base["id"])
+    assert base_facts.checkpoints == [10]  # only the final one: --checkpoint-every is far beyond the run
+
+    thread, out = submit_in_background(cli, [*FLAGS, "--max-failures", "1"],
+                                       ["--steps", "10", "--preempt-handshake", f"{tmp_path}:5"])
+    worker = wait_for_file(tmp_path / "rank-1.json", thread)
+    os.kill(worker["pid"], signal.SIGTERM)  # every rank waits after step 5 until rank 1 has its notice
+    thread.join(timeout=600)
+    proc = out["proc"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads(proc.stdout)
+    facts = cli.facts(info["id"])
+    assert info["state"] == "succeeded" and info["restarts"] == 1, info
+    assert (tmp_path / "notice").read_text().startswith("rank 1: SIGTERM")  # the handshake: rank 1 had it
+    (preempted,) = facts.preempted
+    assert preempted["message"].startswith("preempted: SIGTERM on rank 1 (node "), preempted
+    # the notice came while step 6 was in progress: step 6 is committed and the restart continues after it
+    assert preempted["saved"] is True and preempted["step"] == 6 and preempted["save_s"] > 0, preempted
+    assert facts.checkpoints == [6, 10], facts.checkpoints
+    steps = [m["step"] for m in facts.metrics]
+    assert sorted(set(steps)) == list(range(1, 11)) and len(steps) - len(set(steps)) <= 1, steps
+    assert facts.losses[-4:] == pytest.approx(base_facts.losses[-4:], rel=1e-6, abs=0)
+    assert_same_weights(cli, info["id"], base["id"], tmp_path)
+
+    # goodput of a run with one failure (the preemption's restart): its parts add up to its wall time
+    status = cli.json("jobs", "status", info["id"])
+    g = status["goodput"]
+    assert g is not None and 0 < g["goodput"] < 1, g
+    assert abs(sum(g["parts"].values()) - g["wall_s"]) <= 0.02 * g["wall_s"], g
+    assert g["parts"]["restarts"] > 0 and g["parts"]["checkpoint"] > 0, g
+    text = cli("jobs", "status", info["id"], check=True).stdout
+    assert "preempted SIGTERM on rank 1" in text and "goodput " in text, text
