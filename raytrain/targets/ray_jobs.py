@@ -34,6 +34,9 @@ from raytrain.targets.base import (
 # (and for at least how long) may fail before the follow gives up, how long one read may take, and how long
 # the log tail may go on after the job ended without the driver's last word.
 FOLLOW_STATUS_POLL_S = 2.0
+# The probe of the cluster's versions: a trivial job ends in about 5 s on a 2-core machine; a refusal must
+# come within 10 s of the command.
+VERSION_PROBE_WAIT_S = 8.0
 FOLLOW_STATUS_FAILURES = 5
 FOLLOW_STATUS_GIVE_UP_S = 30.0
 FOLLOW_STATUS_CALL_S = 30.0
@@ -171,6 +174,71 @@ class RayJobsTarget(Target):
                                              compat.local_ray_version())
         if problem:
             raise ClusterError(problem)
+
+    def check_versions(self, timeout_s: float = VERSION_PROBE_WAIT_S) -> list[str]:
+        """Refuse a cluster whose Ray, Python, torch or DeepSpeed raytrain's runtime cannot run on (ClusterError:
+        one line naming both versions and what to do); the warnings about versions newer than tested."""
+        ray = str(self.dashboard.check_reachable().get("ray_version") or "")
+        local = compat.local_versions()
+        problem, warnings = compat.check_versions({"ray": ray}, self.address, local)
+        if problem:
+            raise ClusterError(problem)
+        found, why = self.cluster_versions(timeout_s)
+        if found is None:
+            return [*warnings, f"could not learn the cluster's Python, torch and DeepSpeed: {why}; submitting "
+                               f"anyway (the job fails on the cluster if it cannot run there)"]
+        problem, more = compat.check_versions({k: v for k, v in found.items() if k != "ray"}, self.address, local)
+        if problem:
+            raise ClusterError(problem)
+        return [*warnings, *more]
+
+    def cluster_versions(self, timeout_s: float = VERSION_PROBE_WAIT_S) -> tuple[dict | None, str]:
+        """The Python, Ray, torch and DeepSpeed the cluster's jobs run with, from a tiny Ray job whose
+        entrypoint reads package metadata (no upload, nothing but the standard library imported). (None, why)
+        when it does not answer within ``timeout_s``; the probe job is stopped and deleted either way."""
+        import shlex
+        import time
+
+        import requests
+
+        job_id = new_submission_id("versions")
+        base = self.address + "/api/jobs/"
+        body = {"entrypoint": f"{self.python} -c {shlex.quote(compat.PROBE_CODE)}", "submission_id": job_id,
+                "metadata": {"raytrain-utility": "versions"}, "entrypoint_num_cpus": 0}
+        headers = self.dashboard.headers
+        deadline = time.monotonic() + timeout_s
+        status = "not submitted"
+        try:
+            resp = requests.post(base, json=body, headers=headers, timeout=max(1.0, timeout_s))
+            if resp.status_code != 200:
+                return None, f"the Jobs API at {self.address} refused the probe job (HTTP {resp.status_code})"
+            status = "PENDING"
+            while time.monotonic() < deadline:
+                info = requests.get(base + job_id, headers=headers, timeout=5).json()
+                status = str(info.get("status") or status)
+                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                    logs = requests.get(base + job_id + "/logs", headers=headers, timeout=5).json().get("logs")
+                    found = compat.parse_probe(logs or "")
+                    if found is None:
+                        return None, f"the probe job {job_id} ended {status} without its line: {info.get('message')}"
+                    return found, ""
+                time.sleep(0.2)
+            return None, (f"the probe job {job_id} was still {status} after {timeout_s:.0f} s (a busy cluster, or "
+                          f"one with no CPU free for a job's entrypoint)")
+        except (requests.RequestException, ValueError) as exc:
+            return None, f"the probe job {job_id} ({status}) could not be followed: {exc}"
+        finally:
+            self._forget_probe(base + job_id, headers)
+
+    @staticmethod
+    def _forget_probe(url: str, headers: dict) -> None:
+        import requests
+
+        try:
+            requests.post(url + "/stop", headers=headers, timeout=2)
+            requests.delete(url, headers=headers, timeout=2)  # refused while it runs: then it stays listed
+        except requests.RequestException:
+            pass
 
     @property
     def client(self):
