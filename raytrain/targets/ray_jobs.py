@@ -195,7 +195,7 @@ class RayJobsTarget(Target):
     def cluster_versions(self, timeout_s: float = VERSION_PROBE_WAIT_S) -> tuple[dict | None, str]:
         """The Python, Ray, torch and DeepSpeed the cluster's jobs run with, from a tiny Ray job whose
         entrypoint reads package metadata (no upload, nothing but the standard library imported). (None, why)
-        when it does not answer within ``timeout_s``; the probe job is stopped and deleted either way."""
+        when it does not answer within ``timeout_s`` (the probe job is then stopped)."""
         import shlex
         import time
 
@@ -228,15 +228,17 @@ class RayJobsTarget(Target):
         except (requests.RequestException, ValueError) as exc:
             return None, f"the probe job {job_id} ({status}) could not be followed: {exc}"
         finally:
-            self._forget_probe(base + job_id, headers)
+            if status not in ("SUCCEEDED", "FAILED", "STOPPED", "not submitted"):
+                self._stop_probe(base + job_id, headers)
 
     @staticmethod
-    def _forget_probe(url: str, headers: dict) -> None:
+    def _stop_probe(url: str, headers: dict) -> None:
+        """An ended probe job stays listed (a delete races its supervisor's exit, which writes it back as
+        FAILED), like the other utility jobs: `raytrain jobs list` shows only raytrain's runs."""
         import requests
 
         try:
             requests.post(url + "/stop", headers=headers, timeout=2)
-            requests.delete(url, headers=headers, timeout=2)  # refused while it runs: then it stays listed
         except requests.RequestException:
             pass
 
