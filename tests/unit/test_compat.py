@@ -38,7 +38,7 @@ def test_each_component_refuses_older_and_warns_newer(component, old, new):
     assert compat.supported(component) in problem and f"this machine has {here}" in problem and "\n" not in problem
     assert compat.check_versions({component: new}, "http://h:8265")[0] is None
     assert compat.check_versions({component: new}, "http://h:8265")[1]
-    good = {"python": "3.11.7", "torch": "2.13.0+cpu", "deepspeed": "0.18.9"}[component]
+    good = {"python": "3.11.7", "torch": "2.13.0+cpu", "deepspeed": "0.19.3"}[component]
     assert compat.check_versions({component: good}, "http://h:8265") == (None, [])
 
 
@@ -47,7 +47,7 @@ def test_a_missing_torch_or_deepspeed_is_refused_in_one_line_naming_all_it_needs
         {"ray": "2.60.0", "python": "3.11.7", "torch": None, "deepspeed": None}, "http://h:8265",
         compat.local_versions())
     assert problem.startswith("the cluster at http://h:8265 has no torch; raytrain's runtime needs torch 2.4.x to 2.15.x")
-    assert "pip install 'torch>=2.4'" in problem and "it also needs DeepSpeed 0.18.x to 0.19.x" in problem
+    assert "pip install 'torch>=2.4'" in problem and "it also needs DeepSpeed 0.19.x" in problem
     assert "\n" not in problem
 
 
@@ -125,4 +125,4 @@ def test_the_dry_run_says_which_versions_the_job_runs_against(raytrain_home):
     assert f"torch       {here['torch']}; raytrain needs 2.4.x to 2.15.x; this machine has {here['torch']}" in text
     remote = CliRunner().invoke(main, ["submit", job, "--dry-run", "--address", "http://127.0.0.1:1"]).output
     assert "ray         the cluster's, checked at submit; raytrain needs 2.58.x to 2.60.x" in remote, remote
-    assert "deepspeed   the cluster's, checked at submit; raytrain needs 0.18.x to 0.19.x" in remote, remote
+    assert "deepspeed   the cluster's, checked at submit; raytrain needs 0.19.x" in remote, remote
