@@ -102,6 +102,24 @@ def test_submitting_to_a_cluster_of_another_ray_is_refused_naming_both(tmp_path)
         server.shutdown()
 
 
+def test_a_cluster_that_does_not_run_the_probe_is_submitted_to_with_the_reason_said():
+    """A dashboard of a supported Ray whose Jobs API refuses the probe job: not refused, the reason said."""
+    from raytrain.targets.ray_jobs import RayJobsTarget
+
+    class Supported(_Dashboard):
+        version = "2.59.0"
+
+    server = HTTPServer(("127.0.0.1", 0), Supported)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        said = RayJobsTarget(f"http://127.0.0.1:{server.server_port}").check_versions(timeout_s=2)
+        assert len(said) == 1 and said[0].startswith("could not learn the cluster's Python, torch and DeepSpeed: "
+                                                     "the Jobs API at http://127.0.0.1:"), said
+        assert "refused the probe job (HTTP 501)" in said[0] and "submitting anyway" in said[0]
+    finally:
+        server.shutdown()
+
+
 def test_a_kuberay_profile_with_another_ray_is_refused():
     with pytest.raises(ConfigError) as err:
         parse_cluster_profile({"kind": "kuberay", "ray-version": "2.57.1", "image": "rayproject/ray:2.57.1"})
