@@ -37,10 +37,10 @@ FOLLOW_STATUS_POLL_S = 2.0
 FOLLOW_STATUS_FAILURES = 5
 FOLLOW_STATUS_GIVE_UP_S = 30.0
 FOLLOW_STATUS_CALL_S = 30.0
+FOLLOW_TAIL_GRACE_S = 10.0
 # The probe of the cluster's versions: a trivial job ends in about 5 s on a 2-core machine; a refusal must
 # come within 10 s of the command.
 VERSION_PROBE_WAIT_S = 8.0
-FOLLOW_TAIL_GRACE_S = 10.0
 
 
 async def _in_daemon_thread(fn: Callable, *args, timeout_s: float):
