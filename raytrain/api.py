@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable, Container
 
@@ -149,6 +150,8 @@ def check_trainer_batch(checkpoint: str, the_plan: Plan) -> None:
 def submit_request(target: Target, request: Request) -> JobHandle:
     check_here(target, request.plan)
     target.ensure_running()
+    for line in target.check_versions():
+        print(f"raytrain: {line}", file=sys.stderr)
     check_capacity(target, request.plan, request)
     handle = target.submit(_with_client_timings(request))
     run_record.remember(handle.job_id, request.plan.storage)

@@ -87,17 +87,30 @@ def describe_data(plan) -> list[str]:
     return lines
 
 
-def _ray_versions(request) -> dict:
-    """The Ray the job will run against: this machine's on the local cluster; elsewhere the cluster's, checked
-    at submit against what raytrain's runtime needs."""
+def _versions(target, request) -> dict:
+    """The Ray, Python, torch and DeepSpeed the job will run against, per component {this_machine, cluster,
+    needed}: this machine's on the local cluster; on an --address cluster what its dashboard and a tiny probe
+    job report (bounded; None where the cluster did not answer: checked again at submit)."""
     from raytrain import compat
 
-    local = compat.local_ray_version()
-    cluster = local if request.target == "local" else None
-    return {"this_machine": local, "cluster": cluster, "needed": compat.supported_ray()}
+    local = compat.local_versions()
+    cluster: dict = {}
+    if request.target == "local":
+        cluster = dict(local)
+    elif request.target == "address":
+        from raytrain.errors import ClusterError
+
+        try:
+            cluster["ray"] = str(target.dashboard.check_reachable().get("ray_version") or "") or None
+            found, _why = target.cluster_versions()
+            cluster.update({k: v for k, v in (found or {}).items() if k != "ray"})
+        except ClusterError:
+            pass
+    return {c: {"this_machine": local.get(c), "cluster": cluster.get(c), "needed": compat.supported(c),
+                "known": c in cluster} for c in compat.NEEDS}
 
 
-def _dry_run_summary(request, plan) -> dict:
+def _dry_run_summary(request, plan, versions: dict) -> dict:
     """What `submit --dry-run --json` prints for a Ray Jobs API request."""
     return {
         **request.to_dict(),
@@ -117,14 +130,15 @@ def _dry_run_summary(request, plan) -> dict:
             "data_parallel": plan.parallel["dp"],
             "global_batch": plan.train_batch,
         },
-        "ray": _ray_versions(request),
+        "ray": {k: v for k, v in versions["ray"].items() if k != "known"},
+        "versions": versions,
         "mode": plan.mode,
         "data": data_summary(plan),
         "plan": plan.to_dict(),
     }
 
 
-def _print_dry_run(request, as_json: bool) -> None:
+def _print_dry_run(request, as_json: bool, versions: dict) -> None:
     """The exact request: in the target's own format (Kubernetes manifests) where it has one. Shown, not
     sent: the values of --env are masked (secrets on a shared screen or in CI logs)."""
     from raytrain import redact
@@ -139,14 +153,15 @@ def _print_dry_run(request, as_json: bool) -> None:
             click.echo(request.to_text(), nl=False)
         return
     if as_json:
-        print_json(_dry_run_summary(request, plan))
+        print_json(_dry_run_summary(request, plan, versions))
         return
     click.echo(f"target      {request.target} ({request.address})")
     click.echo(f"job         {plan.job_file} {' '.join(plan.job_args)}")
     click.echo(f"mode        {plan.mode}")
-    ray = _ray_versions(request)
-    runs_on = ray["cluster"] or "the cluster's, checked at submit"
-    click.echo(f"ray         {runs_on}; raytrain needs {ray['needed']}; this machine has {ray['this_machine']}")
+    for component, v in versions.items():
+        runs_on = v["cluster"] if v["known"] else "the cluster's, checked at submit"
+        runs_on = runs_on or "not installed"
+        click.echo(f"{component:<12}{runs_on}; raytrain needs {v['needed']}; this machine has {v['this_machine']}")
     click.echo(f"entrypoint  {request.entrypoint}")
     if request.upload:
         u = request.upload
@@ -228,7 +243,7 @@ def submit(job, job_args, no_wait, dry_run, as_json, quiet, verbose, stop_on_int
     target, request = api.dry_run(options, target)
     _say_script_mode(options, request.plan)
     if dry_run:
-        _print_dry_run(request, as_json)
+        _print_dry_run(request, as_json, _versions(target, request))
         return
 
     console = Console(stderr=as_json)

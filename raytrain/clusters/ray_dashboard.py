@@ -56,6 +56,8 @@ def slow_health_checks() -> None:
 
     handle.asyncio = stretched_asyncio(HEALTH_CHECK_S)
     cls = handle.SubprocessModuleHandle
+    if not hasattr(cls, "preload_in_forkserver"):  # Ray before 2.60: no forkserver preload, modules keep Ray's poll
+        return
     preload = cls.preload_in_forkserver.__func__
 
     def preload_in_forkserver(klass, module_classes):

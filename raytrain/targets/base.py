@@ -202,6 +202,11 @@ class Target(abc.ABC):
         """False only where the cluster is known not to run yet (the local one before `cluster up`)."""
         return True
 
+    def check_versions(self) -> list[str]:
+        """Refuse (ClusterError) a cluster whose Ray, Python, torch or DeepSpeed the runtime cannot run on; the
+        warning lines to show. Here: nothing to check."""
+        return []
+
     def ensure_running(self) -> bool:
         """Start the cluster if this target starts its own and it is not running; True if this call started
         it. A no-op (False) where there is nothing to start."""

@@ -99,6 +99,9 @@ class LocalTarget(RayJobsTarget):
         self._connect(self.cluster.dashboard_url, self.cluster.token)
         return started
 
+    def check_versions(self) -> list[str]:
+        return []  # the local cluster runs this machine's Python and packages: pyproject.toml's pins hold
+
     @property
     def client(self):
         if self.cluster is None:

@@ -38,6 +38,9 @@ FOLLOW_STATUS_FAILURES = 5
 FOLLOW_STATUS_GIVE_UP_S = 30.0
 FOLLOW_STATUS_CALL_S = 30.0
 FOLLOW_TAIL_GRACE_S = 10.0
+# The probe of the cluster's versions: a trivial job ends in about 5 s on a 2-core machine; a refusal must
+# come within 10 s of the command.
+VERSION_PROBE_WAIT_S = 8.0
 
 
 async def _in_daemon_thread(fn: Callable, *args, timeout_s: float):
@@ -171,6 +174,73 @@ class RayJobsTarget(Target):
                                              compat.local_ray_version())
         if problem:
             raise ClusterError(problem)
+
+    def check_versions(self, timeout_s: float = VERSION_PROBE_WAIT_S) -> list[str]:
+        """Refuse a cluster whose Ray, Python, torch or DeepSpeed raytrain's runtime cannot run on (ClusterError:
+        one line naming both versions and what to do); the warnings about versions newer than tested."""
+        ray = str(self.dashboard.check_reachable().get("ray_version") or "")
+        local = compat.local_versions()
+        problem, warnings = compat.check_versions({"ray": ray}, self.address, local)
+        if problem:
+            raise ClusterError(problem)
+        found, why = self.cluster_versions(timeout_s)
+        if found is None:
+            return [*warnings, f"could not learn the cluster's Python, torch and DeepSpeed: {why}; submitting "
+                               f"anyway (the job fails on the cluster if it cannot run there)"]
+        problem, more = compat.check_versions({k: v for k, v in found.items() if k != "ray"}, self.address, local)
+        if problem:
+            raise ClusterError(problem)
+        return [*warnings, *more]
+
+    def cluster_versions(self, timeout_s: float = VERSION_PROBE_WAIT_S) -> tuple[dict | None, str]:
+        """The Python, Ray, torch and DeepSpeed the cluster's jobs run with, from a tiny Ray job whose
+        entrypoint reads package metadata (no upload, nothing but the standard library imported). (None, why)
+        when it does not answer within ``timeout_s`` (the probe job is then stopped)."""
+        import shlex
+        import time
+
+        import requests
+
+        job_id = new_submission_id("versions")
+        base = self.address + "/api/jobs/"
+        body = {"entrypoint": f"{self.python} -c {shlex.quote(compat.PROBE_CODE)}", "submission_id": job_id,
+                "metadata": {"raytrain-utility": "versions"}, "entrypoint_num_cpus": 0}
+        headers = self.dashboard.headers
+        deadline = time.monotonic() + timeout_s
+        status = "not submitted"
+        try:
+            resp = requests.post(base, json=body, headers=headers, timeout=max(1.0, timeout_s))
+            if resp.status_code != 200:
+                return None, f"the Jobs API at {self.address} refused the probe job (HTTP {resp.status_code})"
+            status = "PENDING"
+            while time.monotonic() < deadline:
+                info = requests.get(base + job_id, headers=headers, timeout=5).json()
+                status = str(info.get("status") or status)
+                if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                    logs = requests.get(base + job_id + "/logs", headers=headers, timeout=5).json().get("logs")
+                    found = compat.parse_probe(logs or "")
+                    if found is None:
+                        return None, f"the probe job {job_id} ended {status} without its line: {info.get('message')}"
+                    return found, ""
+                time.sleep(0.2)
+            return None, (f"the probe job {job_id} was still {status} after {timeout_s:.0f} s (a busy cluster, or "
+                          f"one with no CPU free for a job's entrypoint)")
+        except (requests.RequestException, ValueError) as exc:
+            return None, f"the probe job {job_id} ({status}) could not be followed: {exc}"
+        finally:
+            if status not in ("SUCCEEDED", "FAILED", "STOPPED", "not submitted"):
+                self._stop_probe(base + job_id, headers)
+
+    @staticmethod
+    def _stop_probe(url: str, headers: dict) -> None:
+        """An ended probe job stays listed (a delete races its supervisor's exit, which writes it back as
+        FAILED), like the other utility jobs: `raytrain jobs list` shows only raytrain's runs."""
+        import requests
+
+        try:
+            requests.post(url + "/stop", headers=headers, timeout=2)
+        except requests.RequestException:
+            pass
 
     @property
     def client(self):
