@@ -49,7 +49,7 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     assert proc.returncode == 0, out
     assert "training cnn on 2 worker(s), ZeRO-1, bf16, global batch 64" in out
     assert "succeeded" in out
-    # the CPU workers run with Ray's jemalloc in place of glibc's malloc (raytrain.clusters.ray_setup_worker)
+    # the CPU workers run with Ray's jemalloc in place of glibc's malloc (raytrain.ray_tuning.ray_setup_worker)
     assert "2 worker(s) on 1 node(s)" in out and "; malloc: jemalloc" in out, out
     # the wait for the cluster's start is said, once, before the job is submitted
     assert out.count("raytrain: starting the local Ray cluster") == 1, out
@@ -97,7 +97,7 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     assert by["imports"]["ranks"] == 2 and by["first_step"]["ranks"] == 2
     # torch and deepspeed were imported in the background from each worker's start, before the train function
     assert by["early_imports"]["ranks"] == 2 and by["early_imports"]["t"] <= by["imports"]["t"]
-    # both workers run in processes the driver had the node start ahead (raytrain.runtime.prestart): they
+    # both workers run in processes the driver had the node start ahead (raytrain.ray_tuning.prestart): they
     # existed before the driver built its trainer, i.e. before Ray Train could have asked for them
     assert by["worker_process"]["ranks"] == 2 and by["worker_process"]["t"] < by["driver_ready"]["t"], by
     table = cli("jobs", "status", job, "--timings", check=True).stdout
