@@ -94,12 +94,12 @@ def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_le
     assert status("/api/serve/applications/") == 404 and status("/api/data/datasets/01000000") == 404
     assert status("/api/train/v2/runs") == 404
 
-    # the dashboard, its module processes (forked from a forkserver that imports raytrain's module first) and
-    # the log monitor run through raytrain's modules, which poll less often (raytrain.ray_tuning.ray_dashboard,
-    # ray_log_monitor); the module answers above show the dashboard works that way
+    # the dashboard and its module processes (forked from a forkserver that imports raytrain's module first) run
+    # through raytrain's module, which polls less often (raytrain.ray_tuning.ray_dashboard); the module answers
+    # above show the dashboard works that way. Ray's log monitor runs as Ray starts it.
     commands = list(_head_processes(cli).values())
     assert any("-m raytrain.ray_tuning.ray_dashboard " in c for c in commands), commands
-    assert any("-m raytrain.clusters.ray_log_monitor " in c for c in commands), commands
+    assert any("/ray/_private/log_monitor.py " in c for c in commands), commands
     assert any("multiprocessing.forkserver" in c and "raytrain.ray_tuning.ray_dashboard" in c for c in commands), commands
     # the raylet starts its workers through raytrain's setup step (no second Ray import per worker process),
     # up to four at once (raytrain.ray_tuning.ray_setup_worker, ray_start); the jobs the suite runs use it
