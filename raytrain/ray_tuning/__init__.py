@@ -6,8 +6,8 @@ releases it was written and contract-tested for (``tests/unit/test_ray_tuning_co
 Ray it turns itself off, with one line on stderr naming it and why. ``RAYTRAIN_RAY_TUNING=off`` turns them
 all off: raytrain then runs on stock Ray through public APIs only (docs/ray-tuning.md).
 
-Accesses that are not tunings but that raytrain needs (an error logger's name, a worker's result queue) are
-here too (:mod:`raytrain.ray_tuning.ray_access`), each with a public-API fallback. Nothing outside this package
+Accesses that are not tunings but that raytrain needs (Ray Train's error logger, the job client's loggers,
+Ray Data's block bundles) are here too (:mod:`raytrain.ray_tuning.ray_access`), each with a fallback. Nothing outside this package
 imports ``ray._private`` or a ``_internal`` module; this package imports only raytrain's shared leaves
 (settings, timings), never ``runtime/`` or ``clusters/``.
 """
