@@ -256,7 +256,7 @@ def bare_env(base: dict[str, str]) -> dict[str, str]:
 
 def jemalloc_preload() -> dict[str, str]:
     """LD_PRELOAD of the jemalloc Ray ships (what raytrain's CPU workers run with on its own nodes)."""
-    from raytrain.clusters.ray_setup_worker import jemalloc_library
+    from raytrain.ray_tuning.ray_setup_worker import jemalloc_library
 
     library = jemalloc_library()
     if library is None:

@@ -4,7 +4,7 @@ log monitor), with raytrain's settings against Ray's defaults, measured in the s
     .venv/bin/python bench/idle_cluster.py                 # 2 rounds x 60 s per side, about 6 min
     .venv/bin/python bench/idle_cluster.py --seconds 20 --rounds 1
 
-For each round and side (A: raytrain's settings, the default; B: ``RAYTRAIN_QUIET_HEAD=0``, Ray's own
+For each round and side (A: raytrain's settings, the default; B: ``RAYTRAIN_RAY_TUNING=off``, Ray's own
 defaults) it starts a local cluster on private ports and a private RAYTRAIN_HOME, lets it settle, sums the
 CPU time (/proc) of every process under ``ray start`` over the window, and stops it. Reports percent of one
 core (median over rounds), A/B, and the busiest processes; also the niceness Ray gives a worker process.
@@ -59,7 +59,7 @@ def measure(side: str, seconds: float, settle: float, port: int) -> dict:
            "RAYTRAIN_RAY_TEMP_DIR": f"/tmp/rt-idle-{os.getuid()}-{port}"}
     env.pop("RAY_ADDRESS", None)
     if side == "ray-defaults":
-        env["RAYTRAIN_QUIET_HEAD"] = "0"
+        env["RAYTRAIN_RAY_TUNING"] = "off"
     t0 = time.monotonic()
     bl.cluster_up(env)
     up_s = time.monotonic() - t0

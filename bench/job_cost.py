@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib as bl  # noqa: E402
 
-RAY_DEFAULTS = ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1", "RAY_TRAIN_METRICS_ENABLED=1", "RAYTRAIN_PRESTART=0"]
+RAY_DEFAULTS = ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1", "RAY_TRAIN_METRICS_ENABLED=1", "RAYTRAIN_RAY_TUNING=off"]
 
 
 def tree_cpu_s(root: int) -> tuple[float, int]:

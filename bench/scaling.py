@@ -13,7 +13,7 @@ stopped at the end only if this script started it).
 2. report frequency: 2 workers, ``--report-every 1`` against ``--report-every N``; the time per step over the
    same steps (N, S] from ``elapsed_s``, and the cost of one report ``(t1 - tN) / (1 - 1/N)``. Without
    --smoke the same pair also runs under torchrun (bench/bare_runner.py: a report is one stdout line), and
-   ``--report-every 1`` runs again with Ray's own controller (``RAYTRAIN_PROMPT_POLL=0``) polling every
+   ``--report-every 1`` runs again with Ray's own controller (``RAYTRAIN_RAY_TUNING=off``) polling every
    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` of --health-intervals (raytrain's polls every 2 s and when a worker asks).
 3. checkpoints: 2 workers, ``--checkpoint-every C`` on a small model and on the same model with
    --ballast-mparams million extra parameters (big checkpoint, same compute). A checkpoint is saved inside
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[f"report every {n}"] = submit(f"report every {n}", 2, base + ["--report-every", str(n)])
         for interval in args.health_intervals:
             runs[f"health check {interval:g} s"] = submit(
-                f"health check {interval:g} s", 2, base, ["--env", "RAYTRAIN_PROMPT_POLL=0", "--env", f"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={interval:g}"])
+                f"health check {interval:g} s", 2, base, ["--env", "RAYTRAIN_RAY_TUNING=off", "--env", f"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={interval:g}"])
         ckpt = ["--checkpoint-every", str(c), "--keep", "1"]
         runs["checkpoint small"] = submit("checkpoint small", 2, base, ckpt)
         runs["checkpoint big"] = submit("checkpoint big", 2, base + ["--ballast-mparams", f"{args.ballast_mparams:g}"], ckpt)

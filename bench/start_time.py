@@ -1,10 +1,8 @@
 """Time from the command to step 1, phase by phase, with a start-up cut on (A) and off (B), alternated.
 
-    .venv/bin/python bench/start_time.py                      # A: raytrain as is; B: RAYTRAIN_LAZY_TORCH=0
-    .venv/bin/python bench/start_time.py --rounds 6 --b-env RAYTRAIN_LAZY_TORCH=0
-    .venv/bin/python bench/start_time.py --b-env RAYTRAIN_EARLY_IMPORTS=0 --out bench/results/start_early_imports.json
+    .venv/bin/python bench/start_time.py                      # A: raytrain as is; B: stock Ray (RAYTRAIN_RAY_TUNING=off)
+    .venv/bin/python bench/start_time.py --rounds 6 --b-env RAYTRAIN_RAY_TUNING=off
     .venv/bin/python bench/start_time.py --b-env RAYTRAIN_LOCAL_UPLOAD=1 --out bench/results/start_no_upload.json
-    .venv/bin/python bench/start_time.py --b-env RAYTRAIN_PRESTART=0 --out bench/results/start_prestart.json
 
 Each round submits the same small job (``jobs/gpt_zero.py``, 2 CPU workers, ZeRO-1, 3 steps) once per side
 (A B A B ...; ``--b-env KEY=VALUE`` is passed to B's ``submit --env``) on the calling environment's local
@@ -82,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--b-env", action="append", default=None, metavar="KEY=VALUE",
-                   help="side B's submit --env (default: RAYTRAIN_LAZY_TORCH=0)")
+                   help="side B's submit --env (default: RAYTRAIN_RAY_TUNING=off: stock Ray)")
     p.add_argument("--out", default="bench/results/start_time.json")
     args = p.parse_args(argv)
-    b_env = args.b_env or ["RAYTRAIN_LAZY_TORCH=0"]
+    b_env = args.b_env or ["RAYTRAIN_RAY_TUNING=off"]
     env = dict(os.environ)
     started = bl.cluster_up(env)
     runs = []

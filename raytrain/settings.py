@@ -5,8 +5,6 @@ settings page (docs/settings.md) is generated from :data:`SETTINGS` (``python -m
 Audiences:
 - ``user``: a knob a user may set, documented.
 - ``internal``: raytrain sets it for its own processes (the driver, the workers); not for users.
-- ``ray-tuning``: turns one of raytrain's Ray tunings off (stock Ray's behaviour); for comparing against
-  stock Ray and for working around a Ray release the tuning was not written for.
 - ``tests``: read by the test suite and scripts/install.sh's tests, not by the package.
 """
 from __future__ import annotations
@@ -27,7 +25,7 @@ class Setting:
     name: str
     type: str  # one of TYPES; "switch": "1" on, "0" off
     default: Any  # the typed value when unset (None: not set)
-    audience: str  # user | internal | ray-tuning
+    audience: str  # user | internal | tests
     applies: str  # where it is read: CLI, local cluster, driver, workers, ...
     help: str
     choices: tuple[str, ...] = ()
@@ -104,6 +102,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("TRAIN_LOG_LEVEL", "text", "WARNING", "user", "job", "Ray Train's log level in the job's log"),
     _s("LOCAL_UPLOAD", "switch", False, "user", "CLI or job", "1: upload the job's folder as Ray's "
        "`working_dir` on the local cluster too, instead of copying it"),
+    _s("RAY_TUNING", "choice", "on", "user", "cluster up, CLI or job", "`off`: none of raytrain's Ray tunings; "
+       "stock Ray's behaviour through public APIs only ([ray-tuning.md](ray-tuning.md)); set for `cluster up` "
+       "(the local head) and for `submit` (passed on to the job)", ("on", "off")),
     _s("TORCH_CPU_INDEX", "text", "https://download.pytorch.org/whl/cpu", "user", "`scripts/install.sh`",
        "the index (or a mirror) the CPU build of torch is installed from on a machine without an NVIDIA GPU"),
     # -- set by raytrain for its own processes
@@ -117,28 +118,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("CLIENT_TIMINGS", "json", None, "internal", "job", "the CLI's timings before the submit (`--timings`)"),
     _s("WORKER_IMPORTS", "text", "", "internal", "job", "modules a worker process imports as it starts"),
     _s("WORKER_GPU", "switch", False, "internal", "job", "the workers use GPUs"),
-    _s("PG_CLEANER", "switch", True, "ray-tuning", "job", "0 (the local target sets it): no per-run "
+    _s("PG_CLEANER", "switch", True, "internal", "job", "0 (the local target sets it): no per-run "
        "placement-group cleaner actor", shown="0 on the local cluster, else 1"),
-    _s("AUTOSCALING_COORDINATOR", "switch", True, "ray-tuning", "job", "0 (the local target sets it): no Ray "
+    _s("AUTOSCALING_COORDINATOR", "switch", True, "internal", "job", "0 (the local target sets it): no Ray "
        "Train `AutoscalingCoordinator` for a fixed-size run", shown="0 on the local cluster, else 1"),
-    # -- Ray tunings: each one's stock-Ray behaviour back
-    _s("QUIET_HEAD", "switch", True, "ray-tuning", "cluster up", "0: Ray's defaults for every quieter-head "
-       "setting, Ray's setup step and start-up concurrency, Ray's idle worker processes, every dashboard module"),
-    _s("DASHBOARD_MODULES", "text", "", "ray-tuning", "cluster up", "which dashboard API modules load: `all`, "
-       "or module class names, comma-separated", shown="JobHead,StateHead,NodeHead,ReportHead,EventHead,UsageStatsHead"),
-    _s("RAY_CLIENT", "switch", False, "ray-tuning", "cluster up", "1 starts Ray Client's server (`ray://`)"),
-    _s("LIGHT_SETUP_WORKER", "switch", True, "ray-tuning", "cluster up",
-       "0: worker processes start through Ray's own setup step"),
-    _s("LAZY_TORCH", "switch", True, "ray-tuning", "job",
-       "0: the driver uses Ray's `TorchTrainer` instead of the torch-free backend"),
-    _s("LEAN_TRAINER", "switch", True, "ray-tuning", "job",
-       "0: keep Ray Train's `DatasetsCallback` and per-run placement-group cleaner"),
-    _s("PROMPT_POLL", "switch", True, "ray-tuning", "job", "0: Ray Train's controller as Ray has it (polling "
-       "every 0.2 s unless `RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`)"),
-    _s("PRESTART", "switch", True, "ray-tuning", "job",
-       "0: the driver does not have the raylet start the job's processes ahead"),
-    _s("EARLY_IMPORTS", "switch", True, "ray-tuning", "job",
-       "0: the workers import torch and DeepSpeed when the train function starts, not in the background"),
     # -- the test suite
     _s("NVIDIA_PROC", "path", "/proc/driver/nvidia", "tests", "`scripts/install.sh`",
        "where the install script looks for an NVIDIA driver (its tests point it elsewhere)"),
@@ -159,8 +142,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
 
 
 def job_settings() -> tuple[str, ...]:
-    """The variables a job may be given with ``--env``: users' and the Ray tunings' that the job reads."""
-    return tuple(s.name for s in SETTINGS.values() if s.audience in ("user", "ray-tuning") and "job" in s.applies)
+    """The variables a job may be given with ``--env``: users' that the job reads."""
+    return tuple(s.name for s in SETTINGS.values() if s.audience == "user" and "job" in s.applies)
 
 
 def setting(name: str) -> Setting:
@@ -188,9 +171,6 @@ def get(name: str, env: Mapping[str, str] | None = None) -> Any:
 AUDIENCES = {
     "user": ("For users", ""),
     "internal": ("Set by raytrain for the job", "Read them, do not set them."),
-    "ray-tuning": ("Ray tunings", "Each turns one of raytrain's changes to how Ray runs back to stock Ray's "
-                   "behaviour ([cluster.md](cluster.md)); what each one is worth is in "
-                   "[benchmarks.md](benchmarks.md)."),
     "tests": ("For the test suite", "Read by the tests and the install script, not by raytrain."),
 }
 

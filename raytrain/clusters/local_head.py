@@ -159,7 +159,7 @@ def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
     if ray_process.quiet():
         # The autoscaler monitor of a single node that never scales: not started (0.1 % of a core on an idle
         # head, bench/idle_cluster.py; nothing of raytrain's reads it). Nor is Ray Client's server
-        # (raytrain.clusters.ray_start). RAYTRAIN_QUIET_HEAD=0 brings Ray's defaults back.
+        # (raytrain.ray_tuning.ray_start). RAYTRAIN_RAY_TUNING=off brings Ray's defaults back.
         cmd.append("--no-monitor")
     if (port, dashboard_port) != (6379, 8265):
         # Ray's fixed defaults (client server 10001, agent 52365) would collide with another cluster on

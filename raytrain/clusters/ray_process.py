@@ -114,7 +114,8 @@ def load_record(path: Path, cls: type[T]) -> T | None:
 
 
 # Settings for a Ray node raytrain runs itself (bench/idle_cluster.py measures them against Ray's defaults;
-# RAYTRAIN_QUIET_HEAD=0 turns them off, and any of them set in the environment wins). Each one is a period of
+# RAYTRAIN_RAY_TUNING=off turns them off, and any of them set in the environment wins; each is a variable Ray
+# reads, which a Ray that does not know it ignores). Each one is a period of
 # something a raytrain-run node does not need often: an idle head's processes wake up far less.
 QUIET_ENV = {
     "RAY_worker_niceness": "0",  # Ray runs workers at nice 15 under its own head processes at 0: on a busy
@@ -146,8 +147,10 @@ QUIET_ENV = {
     "RAY_debug_dump_period_milliseconds": "60000",
 }
 def quiet(env: Mapping[str, str] | None = None) -> bool:
-    """Whether a node raytrain starts runs quieter than Ray's defaults (``RAYTRAIN_QUIET_HEAD``, default on)."""
-    return settings.get("RAYTRAIN_QUIET_HEAD", env)
+    """Whether a node raytrain starts runs quieter than Ray's defaults (unless ``RAYTRAIN_RAY_TUNING=off``)."""
+    from raytrain import ray_tuning
+
+    return ray_tuning.switched_on(env)
 
 
 def quiet_env() -> dict[str, str]:
@@ -156,7 +159,7 @@ def quiet_env() -> dict[str, str]:
 
 def spawn(args: list[str], *, token_path: Path, log_path: Path, extra_env: dict | None = None) -> subprocess.Popen:
     """``ray ARGS`` in its own session (so Ctrl-C in the shell does not reach it), output to ``log_path``,
-    authenticating with the token in ``token_path``; through ``raytrain.clusters.ray_start``, which loads
+    authenticating with the token in ``token_path``; through ``raytrain.ray_tuning.ray_start``, which loads
     only the dashboard modules raytrain uses."""
     env: dict[str, Any] = {
         **quiet_env(),
@@ -170,7 +173,7 @@ def spawn(args: list[str], *, token_path: Path, log_path: Path, extra_env: dict 
         env.pop(key, None)
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "raytrain.clusters.ray_start", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            [sys.executable, "-m", "raytrain.ray_tuning.ray_start", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,
         )
 

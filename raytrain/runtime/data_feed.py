@@ -80,11 +80,12 @@ class Feed:
 
 def run_stream(feed: Feed, dataset: Any) -> None:
     """Execute ``dataset`` (streaming, order preserved) into ``feed``; an error ends the feed with one line."""
+    from raytrain.ray_tuning.ray_access import ref_bundles
     from raytrain.runtime.data_source import first_line, quiet_ray_data
 
     quiet_ray_data()
     try:
-        for bundle in dataset.iter_internal_ref_bundles():
+        for bundle in ref_bundles(dataset):
             for entry, cut in zip(bundle.blocks, bundle.slices):
                 if cut is not None:
                     feed.add(entry.ref, cut.start_offset, cut.end_offset, cut.num_rows)

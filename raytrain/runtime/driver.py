@@ -188,10 +188,10 @@ def worker_imports(plan: Plan) -> list[str]:
 
 
 def prestart_processes(plan: Plan, worker_env: dict) -> None:
-    """Have the node start Ray Train's controller and worker processes now (raytrain.runtime.prestart): they
+    """Have the node start Ray Train's controller and worker processes now (raytrain.ray_tuning.prestart): they
     boot, and the workers import torch and DeepSpeed, while this driver imports Ray Train and loads data. A
     failure here costs only the head start."""
-    from raytrain.runtime import prestart
+    from raytrain.ray_tuning import prestart
 
     scaling = plan.scaling
     try:
@@ -329,7 +329,8 @@ def watch_hangs(plan: Plan, run_name: str):
 
 def main() -> int:
     from raytrain import run_record, timings
-    from raytrain.runtime import early_imports, prompt_poll
+    from raytrain.ray_tuning import prompt_poll
+    from raytrain.runtime import early_imports
 
     plan = read_plan()
     prompt_poll.configure_driver_env()  # before Ray Train's controller env is derived (prestart, fit)

@@ -11,7 +11,8 @@ Thread safety: Python's per-module import locks make a second ``import torch`` w
 so the worker never sees a half-imported module; still, raytrain's code calls ``wait()`` before its own first
 torch/DeepSpeed import (the process group setup, the train function), so the two threads never import the
 same package at once. A failed import here is ignored: the train function imports again and reports the error
-as before. ``--env RAYTRAIN_EARLY_IMPORTS=0`` turns this off (bench/start_time.py measures it).
+as before. Giving the workers the hook is a Ray tuning (raytrain.ray_tuning.early_imports): with it off the
+workers import torch and DeepSpeed when the train function starts.
 """
 from __future__ import annotations
 
@@ -34,10 +35,6 @@ _thread: threading.Thread | None = None
 _done_at: list[float] = []  # when the background imports ended (time.time())
 
 
-def enabled() -> bool:
-    return settings.get("RAYTRAIN_EARLY_IMPORTS")
-
-
 def omp_threads(cpus_per_worker: float | None) -> str:
     """Ray's own rule for a worker's ``OMP_NUM_THREADS``: the floor of its CPUs, at least 1."""
     return str(max(int(math.floor(cpus_per_worker or 1)), 1))
@@ -52,13 +49,12 @@ def worker_runtime_env(modules: list[str], use_gpu: bool, cpus_per_worker: float
     once, when it loads: without it every worker's torch ran one OpenMP thread per core of the machine (2
     workers x 2 threads on 2 cores, the extra threads spinning at the barriers). A job's own ``--env
     OMP_NUM_THREADS`` (``job_env``: the names the job's ``--env`` sets) is left to the job's runtime env."""
-    if not enabled() or not modules:
-        return {}
-    # Ray turns a job-level ``worker_process_setup_hook`` into this variable at ray.init only; an actor's
-    # runtime env (Ray Train's workers') must carry the variable itself, which every worker process reads.
-    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+    from raytrain.ray_tuning.early_imports import setup_hook_env
 
-    env = {WORKER_PROCESS_SETUP_HOOK_ENV_VAR: HOOK, MODULES_ENV: ",".join(modules), GPU_ENV: "1" if use_gpu else "0"}
+    hook = setup_hook_env(HOOK) if modules else {}
+    if not hook:
+        return {}
+    env = {**hook, MODULES_ENV: ",".join(modules), GPU_ENV: "1" if use_gpu else "0"}
     if "OMP_NUM_THREADS" not in job_env:
         env["OMP_NUM_THREADS"] = omp_threads(cpus_per_worker)
     return {"env_vars": env}

@@ -228,7 +228,7 @@ def gather(refs: list, what: str, timeout_s: float = ANSWER_TIMEOUT_S) -> list:
 
 def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
     """Probe the started worker group; set the interface variables; raise PreflightError naming problems."""
-    from ray.train._internal.utils import get_address_and_port
+    from raytrain.ray_tuning.ray_access import address_and_port as get_address_and_port
 
     started = time.monotonic()
     master_addr, _ = gather([worker_group.execute_single_async(0, get_address_and_port)], "its address")[0]
@@ -269,7 +269,7 @@ def run(worker_group: Any, interface: str | None) -> dict[str, Any]:
 
 
 def before_process_group(worker_group: Any, interface: str | None) -> None:
-    """What both backends' ``on_start`` (here and raytrain.runtime.torch_backend) do, on Ray Train's controller,
+    """What both backends' ``on_start`` (here and raytrain.ray_tuning.lazy_torch) do, on Ray Train's controller,
     before the process group forms: record there too (the preflight and restarts in the run's record), mark
     the workers started, run the preflight and write its summary."""
     from raytrain import events, run_record, timings
@@ -288,11 +288,12 @@ def before_process_group(worker_group: Any, interface: str | None) -> None:
 def torch_config(*, timeout_s: float, interface: str | None) -> Any:
     """A TorchConfig whose backend runs the preflight before setting up the process group."""
     from ray.train.torch import TorchConfig
-    from ray.train.torch.config import _TorchBackend
 
     from raytrain import timings
 
-    class _PreflightBackend(_TorchBackend):
+    ray_backend = TorchConfig().backend_cls  # Ray's torch backend, through TorchConfig's public property
+
+    class _PreflightBackend(ray_backend):
         def on_start(self, worker_group, backend_config):
             before_process_group(worker_group, backend_config.interface)
             super().on_start(worker_group, backend_config)

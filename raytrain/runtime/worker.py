@@ -12,7 +12,8 @@ from raytrain.runtime.script import run_on_worker
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's loop on each worker; ``config`` is the driver's {"plan": the plan as a dict, "resume_from": ...}."""
-    from raytrain.runtime import prompt_poll, worker_errors
+    from raytrain.ray_tuning import prompt_poll
+    from raytrain.runtime import worker_errors
 
     worker_errors.quiet_ray_train_errors()
     try:
@@ -20,7 +21,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     except Exception as exc:  # its traceback once, from the job's own frames
         worker_errors.print_failure(exc)
         raise
-    finally:  # returned or raised: the controller's next poll says so (raytrain.runtime.prompt_poll)
+    finally:  # returned or raised: the controller's next poll says so (raytrain.ray_tuning.prompt_poll)
         prompt_poll.ask()
 
 

@@ -15,7 +15,6 @@ import sys
 import traceback
 from types import FrameType
 
-RAY_TRAIN_UTIL_LOGGER = "ray.train.v2._internal.util"  # where Ray Train logs "Error in training function:"
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # raytrain/
 
 
@@ -71,6 +70,11 @@ class _DropRayTrainError(logging.Filter):
 
 def quiet_ray_train_errors() -> None:
     """Leave out Ray Train's own log line of a train function's error (the worker printed it already)."""
-    logger = logging.getLogger(RAY_TRAIN_UTIL_LOGGER)
+    from raytrain.ray_tuning.ray_access import ray_train_error_logger
+
+    name = ray_train_error_logger()
+    if name is None:  # a Ray that logs it elsewhere: its copy stays in the log
+        return
+    logger = logging.getLogger(name)
     if not any(isinstance(f, _DropRayTrainError) for f in logger.filters):
         logger.addFilter(_DropRayTrainError())

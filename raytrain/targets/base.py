@@ -64,6 +64,18 @@ RUNTIME_ENV_VARS = {
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # else every print of the job reaches the log twice
 }
 
+def tuning_env_vars() -> dict[str, str]:
+    """``RAYTRAIN_RAY_TUNING`` as the submitting shell sets it, passed on to the job (its own --env wins), so one
+    variable turns the tunings off for the job wherever it runs (raytrain.ray_tuning)."""
+    from raytrain import settings
+
+    value = settings.raw("RAYTRAIN_RAY_TUNING")
+    if value is None or not value.strip():
+        return {}
+    settings.get("RAYTRAIN_RAY_TUNING")  # a malformed value is refused here, naming the variable
+    return {"RAYTRAIN_RAY_TUNING": value.strip().lower()}
+
+
 # The allocator of a job whose workers train on CPU.
 # - RAYTRAIN_CPU_ALLOCATOR=jemalloc: on nodes raytrain starts (`cluster up`, `cluster join`), each of the job's
 #   processes starts with the jemalloc Ray ships for its raylet preloaded (raytrain.clusters.ray_setup_worker).

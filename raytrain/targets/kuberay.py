@@ -40,6 +40,7 @@ from raytrain.events import JobFacts
 from raytrain.status import JobInfo, job_state, rayjob_state
 from raytrain.targets.base import (
     RUNTIME_ENV_VARS,
+    tuning_env_vars,
     SECRET_EXCLUDES,
     STOP_WAIT_S,
     JobHandle,
@@ -260,6 +261,7 @@ class RayJobTarget(Target):
         extra = dict(self.profile.rayjob.runtime_env or {})
         env_vars = {
             **RUNTIME_ENV_VARS,
+            **tuning_env_vars(),
             **allocator_env_vars(plan, jemalloc=False),  # the pods start Ray from their image
             **flight_recorder.env_vars(plan, run_name, {*(extra.get("env_vars") or {}), *plan.env}),
             **(extra.pop("env_vars", None) or {}),  # the profile's, then the job's --env, win

@@ -20,6 +20,7 @@ from raytrain.targets import upload
 from raytrain.targets.base import (
     RELEASE_WAIT_S,
     RUNTIME_ENV_VARS,
+    tuning_env_vars,
     SECRET_EXCLUDES,
     JobHandle,
     Request,
@@ -129,7 +130,7 @@ class RayJobsTarget(Target):
         return None  # Ray's default on the head node (~/ray_results)
 
     def runtime_env(self, plan: Plan, run_name: str, shipped: upload.Upload | None = None) -> dict:
-        env_vars = {**RUNTIME_ENV_VARS, **allocator_env_vars(plan, jemalloc=self.raytrain_nodes),
+        env_vars = {**RUNTIME_ENV_VARS, **tuning_env_vars(), **allocator_env_vars(plan, jemalloc=self.raytrain_nodes),
                     **self.runtime_env_vars, **flight_recorder.env_vars(plan, run_name, plan.env), **plan.env,
                     "RAYTRAIN_PLAN": shipped_plan(plan),
                     "RAYTRAIN_RUN_NAME": run_name}
@@ -250,11 +251,9 @@ class RayJobsTarget(Target):
 
             from ray.job_submission import JobSubmissionClient
 
-            for noisy in (
-                "ray.dashboard.modules.job.sdk",
-                "ray.dashboard.modules.dashboard_sdk",
-                "ray._private.runtime_env.packaging",
-            ):
+            from raytrain.ray_tuning.ray_access import NOISY_CLIENT_LOGGERS
+
+            for noisy in NOISY_CLIENT_LOGGERS:
                 logging.getLogger(noisy).setLevel(logging.WARNING)  # uploads, websocket closes
 
             try:

@@ -105,6 +105,7 @@ def assert_same_weights(cli, run, base_run, tmp_path):
     assert apart < 0.01 * sum(t.numel() for t in mine.values()), apart  # all but a few equal to rounding
 
 
+@pytest.mark.smoke
 def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, mlflow_starting, gpt_baseline,
                                                                           mlflow_server, tmp_path):
     base_info, base, _ = gpt_baseline

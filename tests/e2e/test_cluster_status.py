@@ -83,7 +83,7 @@ def _head_processes(cli) -> dict[int, str]:
 
 def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_leaves_out(cli):
     """The local head's dashboard loads only the modules raytrain and the dashboard's pages use
-    (raytrain.clusters.ray_start): jobs, the state API, nodes; not Serve's, Ray Data's or Ray Train's (whose runs
+    (raytrain.ray_tuning.ray_start): jobs, the state API, nodes; not Serve's, Ray Data's or Ray Train's (whose runs
     page needs a state-tracking actor raytrain does not start: with it loaded, it answers HTTP 500)."""
 
     def status(path):
@@ -94,22 +94,22 @@ def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_le
     assert status("/api/serve/applications/") == 404 and status("/api/data/datasets/01000000") == 404
     assert status("/api/train/v2/runs") == 404
 
-    # the dashboard, its module processes (forked from a forkserver that imports raytrain's module first) and
-    # the log monitor run through raytrain's modules, which poll less often (raytrain.clusters.ray_dashboard,
-    # ray_log_monitor); the module answers above show the dashboard works that way
+    # the dashboard and its module processes (forked from a forkserver that imports raytrain's module first) run
+    # through raytrain's module, which polls less often (raytrain.ray_tuning.ray_dashboard); the module answers
+    # above show the dashboard works that way. Ray's log monitor runs as Ray starts it.
     commands = list(_head_processes(cli).values())
-    assert any("-m raytrain.clusters.ray_dashboard " in c for c in commands), commands
-    assert any("-m raytrain.clusters.ray_log_monitor " in c for c in commands), commands
-    assert any("multiprocessing.forkserver" in c and "raytrain.clusters.ray_dashboard" in c for c in commands), commands
+    assert any("-m raytrain.ray_tuning.ray_dashboard " in c for c in commands), commands
+    assert any("/ray/_private/log_monitor.py " in c for c in commands), commands
+    assert any("multiprocessing.forkserver" in c and "raytrain.ray_tuning.ray_dashboard" in c for c in commands), commands
     # the raylet starts its workers through raytrain's setup step (no second Ray import per worker process),
-    # up to four at once (raytrain.clusters.ray_setup_worker, ray_start); the jobs the suite runs use it
+    # up to four at once (raytrain.ray_tuning.ray_setup_worker, ray_start); the jobs the suite runs use it
     raylet = next(c for c in commands if "/raylet/raylet " in c)
     assert "clusters/ray_setup_worker.py " in raylet and "--maximum_startup_concurrency=4 " in raylet, raylet
     assert "--num_prestart_python_workers=0 " in raylet, raylet
 
 
 def test_a_dashboard_module_that_dies_is_restarted_by_the_slower_health_check(cli):
-    """raytrain.clusters.ray_dashboard health-checks the dashboard's modules every 10 s, not every second: a
+    """raytrain.ray_tuning.ray_dashboard health-checks the dashboard's modules every 10 s, not every second: a
     module process that dies is still found and restarted (forked again from the forkserver), and its API
     answers again."""
     import os

@@ -101,6 +101,7 @@ def baseline(e2e_env, data):
                "--data", f"t={d / 't.txt'}", "--data", f"h={d / 'hf'}", args=["--formats", "p,c,t,h"])
 
 
+@pytest.mark.smoke
 def test_every_id_once_per_epoch_and_every_format_reads(baseline):
     info, log = baseline
     events = tagged(log, "ids")

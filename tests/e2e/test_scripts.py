@@ -22,6 +22,7 @@ def assert_loss_falls(values, steps):
     assert sum(values[-3:]) / 3 < 0.5 * sum(values[:3]) / 3, values
 
 
+@pytest.mark.smoke
 def test_deepspeed_examples_style_script_trains_unchanged(cli):
     # argparse + --local_rank + deepspeed.add_config_arguments + deepspeed.initialize(args=args, ...): raytrain
     # passes --local_rank=N and --deepspeed --deepspeed_config <its resolved config>, as the launcher would

@@ -11,6 +11,9 @@ import pytest
 from tests.conftest import JOBS
 
 pytestmark = pytest.mark.e2e
+# the suite's cluster and jobs run with raytrain's Ray tunings unless RAYTRAIN_RAY_TUNING=off (docs/ray-tuning.md);
+# what only a tuning does is checked only with them on
+TUNED = os.environ.get("RAYTRAIN_RAY_TUNING", "on").strip().lower() != "off"
 
 JOB_ID = re.compile(r"raytrain-[A-Za-z0-9._-]+-\d{8}-\d{6}-[0-9a-f]{6}")
 
@@ -39,6 +42,7 @@ def live_actor_classes(cli) -> list[str]:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.smoke
 @pytest.mark.cold_start
 def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     cli = e2e_env
@@ -50,8 +54,8 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     assert proc.returncode == 0, out
     assert "training cnn on 2 worker(s), ZeRO-1, bf16, global batch 64" in out
     assert "succeeded" in out
-    # the CPU workers run with Ray's jemalloc in place of glibc's malloc (raytrain.clusters.ray_setup_worker)
-    assert "2 worker(s) on 1 node(s)" in out and "; malloc: jemalloc" in out, out
+    # the CPU workers run with Ray's jemalloc in place of glibc's malloc (raytrain.ray_tuning.ray_setup_worker)
+    assert "2 worker(s) on 1 node(s)" in out and ("; malloc: jemalloc" in out or not TUNED), out
     # the wait for the cluster's start is said, once, before the job is submitted
     assert out.count("raytrain: starting the local Ray cluster") == 1, out
     assert proc.stdout.index("starting the local Ray cluster") < proc.stdout.index("raytrain: submitted"), out
@@ -64,7 +68,8 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
 
     # no actor of the job outlived it: Ray Train's AutoscalingCoordinator, which a fixed-size run would create
     # on a fresh cluster and leave there for good, was never made (no autoscaler on the local cluster)
-    assert live_actor_classes(cli) == [], live_actor_classes(cli)
+    if TUNED:  # lean_trainer; stock Ray Train keeps its coordinator actor
+        assert live_actor_classes(cli) == [], live_actor_classes(cli)
 
     # the cluster it started stays up, with its resources and token auth, for the next command
     status = cli.json("cluster", "status")
@@ -90,17 +95,22 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     # where the time went, from the command's start to step 1, every phase in order (issue 18)
     rows = cli.json("jobs", "status", job, "--timings")["timings"]
     phases = [r["phase"] for r in rows]
-    assert phases == ["command", "request_built", "submitted", "job_accepted", "driver_started", "prestart",
-                      "driver_ready", "workers_started", "preflight", "process_group", "worker_process", "early_imports", "train_fn",
-                      "imports", "engine_built", "first_step"], phases
+    expected = ["command", "request_built", "submitted", "job_accepted", "driver_started", "prestart",
+                "driver_ready", "workers_started", "preflight", "process_group", "worker_process", "early_imports",
+                "train_fn", "imports", "engine_built", "first_step"]
+    if not TUNED:  # no processes started ahead, no background imports
+        expected = [p for p in expected if p not in ("prestart", "early_imports")]
+    assert phases == expected, phases
     by = {r["phase"]: r for r in rows}
     assert by["command"]["at_s"] == 0 and 0 < by["first_step"]["at_s"] < 600
     assert by["imports"]["ranks"] == 2 and by["first_step"]["ranks"] == 2
-    # torch and deepspeed were imported in the background from each worker's start, before the train function
-    assert by["early_imports"]["ranks"] == 2 and by["early_imports"]["t"] <= by["imports"]["t"]
-    # both workers run in processes the driver had the node start ahead (raytrain.runtime.prestart): they
-    # existed before the driver built its trainer, i.e. before Ray Train could have asked for them
-    assert by["worker_process"]["ranks"] == 2 and by["worker_process"]["t"] < by["driver_ready"]["t"], by
+    assert by["worker_process"]["ranks"] == 2
+    if TUNED:
+        # torch and deepspeed were imported in the background from each worker's start, before the train function
+        assert by["early_imports"]["ranks"] == 2 and by["early_imports"]["t"] <= by["imports"]["t"]
+        # both workers run in processes the driver had the node start ahead (raytrain.ray_tuning.prestart): they
+        # existed before the driver built its trainer, i.e. before Ray Train could have asked for them
+        assert by["worker_process"]["t"] < by["driver_ready"]["t"], by
     table = cli("jobs", "status", job, "--timings", check=True).stdout
     assert "engine_built" in table and "DeepSpeed engine built" in table
 

@@ -99,6 +99,7 @@ MAY_NOT_IMPORT = {
     "targets": {"cli", "api", "runtime"},
     "clusters": {"cli", "api", "targets", "runtime"},
     "runtime": {"cli", "api", "targets", "clusters"},
+    "ray_tuning": UPPER,  # imported by clusters/, targets/ and runtime/: only the shared leaves below it
     "config": UPPER, "planner": UPPER, "checkpoints": UPPER,
 }
 
@@ -168,3 +169,37 @@ def test_only_the_worker_runtime_imports_deepspeed():
         or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "deepspeed" and not node.level)
     )
     assert importers and all(p.startswith("raytrain/runtime/") for p in importers), importers
+
+
+PRIVATE_RAY = ("ray._private", "_internal")  # issue 39's grep: `grep -rn "ray._private\|_internal" raytrain/`
+
+
+def test_ray_internals_are_used_only_inside_the_ray_tuning_package():
+    """Every use of a Ray private module (and every mention of one) lives in raytrain/ray_tuning, where each
+    tuning has its version gate and contract test; the rest of raytrain uses Ray's public APIs only."""
+    import re
+
+    pattern = re.compile(r"ray._private|_internal")  # the issue's grep, its "." matching any character
+    outside = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in PKG.rglob("*.py") if "ray_tuning" not in path.relative_to(PKG).parts
+        for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)
+    ]
+    assert outside == [], "Ray internals outside raytrain/ray_tuning:\n" + "\n".join(outside)
+
+
+def test_the_ray_tuning_package_imports_only_shared_leaves():
+    """raytrain.ray_tuning is imported by clusters/, runtime/ and targets/, so it imports none of them."""
+    g = graph()
+    wrong = sorted(f"{a} -> {b}" for a, bs in g.items() if part_of(a) == "ray_tuning"
+                   for b in bs if part_of(b) in UPPER)
+    assert wrong == [], wrong
+
+
+def test_the_private_ray_check_sees_a_use_outside_the_package(tmp_path):
+    import re
+
+    pattern = re.compile(r"ray._private|_internal")
+    assert pattern.search("from ray._private import services")
+    assert pattern.search("from ray.train.v2._internal.util import x")
+    assert not pattern.search("from ray.train import Checkpoint")

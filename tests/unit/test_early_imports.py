@@ -21,7 +21,7 @@ def test_the_workers_runtime_env_names_the_hook_and_the_modules(fresh):
     env = early_imports.worker_runtime_env(["torch", "deepspeed"], use_gpu=False)["env_vars"]
     assert env["__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"] == "raytrain.runtime.early_imports.start"
     assert env["RAYTRAIN_WORKER_IMPORTS"] == "torch,deepspeed" and env["RAYTRAIN_WORKER_GPU"] == "0"
-    fresh.setenv("RAYTRAIN_EARLY_IMPORTS", "0")
+    fresh.setenv("RAYTRAIN_RAY_TUNING", "off")
     assert early_imports.worker_runtime_env(["torch"], use_gpu=False) == {}
 
 

@@ -108,6 +108,6 @@ def test_env_may_not_set_raytrains_own_variables(raytrain_home, tmp_path):
     assert r.exit_code == 2 and "RAYTRAIN_JOB_CODE" in r.output, r.output
     # the documented switches still work
     assert "RAYTRAIN_CPU_ALLOCATOR" in USER_ENV_SWITCHES
-    for pair in ("RAYTRAIN_CPU_ALLOCATOR=glibc", "RAYTRAIN_LOCAL_UPLOAD=1", "RAYTRAIN_PRESTART=0", "OTHER=1"):
+    for pair in ("RAYTRAIN_CPU_ALLOCATOR=glibc", "RAYTRAIN_LOCAL_UPLOAD=1", "RAYTRAIN_RAY_TUNING=off", "OTHER=1"):
         r = run("submit", CNN, "--env", pair, "--dry-run")
         assert r.exit_code == 0, (pair, r.output)

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from raytrain.runtime import early_imports, prestart
+from raytrain.ray_tuning import prestart
+from raytrain.runtime import early_imports
 
 JOB = {"env_vars": {"RAY_ADDRESS": "127.0.0.1:6379", "RAYTRAIN_PLAN": "{\"a\": 1}"}, "working_dir": "gcs://pkg.zip"}
 
@@ -77,8 +78,8 @@ def test_workers_are_started_ahead_only_as_far_as_the_free_resources_go(availabl
     assert prestart.workers_that_fit(3, {"CPU": 0.0}, {}) == 3  # a zero request holds nothing
 
 
-def test_it_is_turned_off_with_raytrain_prestart_0(monkeypatch):
-    monkeypatch.setenv("RAYTRAIN_PRESTART", "0")
+def test_it_is_turned_off_with_raytrain_ray_tuning_off(monkeypatch):
+    monkeypatch.setenv("RAYTRAIN_RAY_TUNING", "off")
     assert not prestart.enabled()
-    monkeypatch.delenv("RAYTRAIN_PRESTART")
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
     assert prestart.enabled()

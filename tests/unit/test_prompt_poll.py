@@ -1,4 +1,4 @@
-"""raytrain.runtime.prompt_poll: Ray Train's real controller class with raytrain's wait between polls, driven
+"""raytrain.ray_tuning.prompt_poll: Ray Train's real controller class with raytrain's wait between polls, driven
 on an event loop with a worker group that records when it is polled (no Ray cluster: the rest of the
 controller is Ray's, exercised by every e2e job)."""
 import asyncio
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from raytrain.runtime import prompt_poll
+from raytrain.ray_tuning import prompt_poll
 
 
 class RecordingGroup:
@@ -90,7 +90,7 @@ def test_installed_swaps_ray_trains_controller_for_the_run(monkeypatch):
     with pytest.raises(RuntimeError), prompt_poll.installed():
         raise RuntimeError("fit failed")
     assert data_parallel_trainer.TrainController is ray_s  # restored however fit ends
-    monkeypatch.setenv("RAYTRAIN_PROMPT_POLL", "0")
+    monkeypatch.setenv("RAYTRAIN_RAY_TUNING", "off")
     with prompt_poll.installed():
         assert data_parallel_trainer.TrainController is ray_s
 
@@ -99,7 +99,7 @@ def test_without_prompt_polls_the_driver_polls_every_0_2_s_unless_told(monkeypat
     monkeypatch.delenv(prompt_poll.INTERVAL_ENV, raising=False)
     prompt_poll.configure_driver_env()
     assert prompt_poll.INTERVAL_ENV not in __import__("os").environ  # Ray's 2 s, with prompt polls
-    monkeypatch.setenv("RAYTRAIN_PROMPT_POLL", "0")
+    monkeypatch.setenv("RAYTRAIN_RAY_TUNING", "off")
     prompt_poll.configure_driver_env()
     assert __import__("os").environ[prompt_poll.INTERVAL_ENV] == "0.2"
     monkeypatch.setenv(prompt_poll.INTERVAL_ENV, "1.5")

@@ -1,10 +1,10 @@
 """The local head raytrain starts: the quiet settings (periods of what an idle head does), Ray's defaults
-back under RAYTRAIN_QUIET_HEAD=0 (bench/idle_cluster.py measures both)."""
+back under RAYTRAIN_RAY_TUNING=off (bench/idle_cluster.py measures both)."""
 from raytrain.clusters import ray_process
 
 
 def test_quiet_env_slows_what_an_idle_head_polls(monkeypatch):
-    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
     env = ray_process.quiet_env()
     assert env["RAY_worker_niceness"] == "0"  # the node's own workers are not niced under its head
     assert env["RAY_enable_metrics_collection"] == "0"
@@ -12,12 +12,12 @@ def test_quiet_env_slows_what_an_idle_head_polls(monkeypatch):
     assert float(env["RAY_memory_monitor_refresh_ms"]) > 250
     for key, value in env.items():
         assert value.replace(".", "", 1).isdigit(), (key, value)  # Ray parses them as numbers
-    monkeypatch.setenv("RAYTRAIN_QUIET_HEAD", "0")
+    monkeypatch.setenv("RAYTRAIN_RAY_TUNING", "off")
     assert ray_process.quiet_env() == {}
 
 
 def test_environment_wins_over_the_quiet_settings(monkeypatch, tmp_path):
-    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
     monkeypatch.setenv("LOG_NAME_UPDATE_INTERVAL_S", "0.5")
     seen = {}
 
@@ -40,7 +40,7 @@ def test_the_log_monitor_globs_for_new_files_at_the_quiet_period(monkeypatch):
     import subprocess
     import sys
 
-    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
     probe = (
         "import sys, time, types\n"
         "from ray._private import log_monitor as lm\n"

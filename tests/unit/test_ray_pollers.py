@@ -1,5 +1,4 @@
-"""The head's processes raytrain runs through modules of its own (raytrain.clusters.ray_dashboard,
-ray_log_monitor): which commands are rewritten, and that what they change still exists in the installed Ray
+"""The head's process raytrain runs through a module of its own (raytrain.ray_tuning.ray_dashboard): which commands are rewritten, and that what they change still exists in the installed Ray
 (a Ray upgrade that moved it must fail here, not leave the head silently on Ray's polls or broken)."""
 from __future__ import annotations
 
@@ -8,35 +7,34 @@ import inspect
 import os
 import time
 
-from raytrain.clusters import ray_dashboard, ray_log_monitor
-from raytrain.clusters.ray_start import QUIET_SCRIPTS, head_command, via_module
+from raytrain.ray_tuning import ray_dashboard
+from raytrain.ray_tuning.ray_start import QUIET_SCRIPTS, head_command, via_module
 
 PY = ["/venv/bin/python", "-u"]
 DASHBOARD = os.path.join("/venv", "ray", "dashboard", "dashboard.py")
 LOG_MONITOR = os.path.join("/venv", "ray", "_private", "log_monitor.py")
 
 
-def test_the_dashboard_and_the_log_monitor_run_through_raytrains_modules_on_a_quiet_head():
+def test_the_dashboard_runs_through_raytrains_module_and_the_log_monitor_as_ray_starts_it():
     cmd = [*PY, DASHBOARD, "--port=8265"]
     assert head_command(cmd, "dashboard", ("JobHead",), True) == [
-        *PY, "-m", "raytrain.clusters.ray_dashboard", "--port=8265", "--modules-to-load=JobHead"]
+        *PY, "-m", "raytrain.ray_tuning.ray_dashboard", "--port=8265", "--modules-to-load=JobHead"]
     lm = [*PY, LOG_MONITOR, "--session-dir=/tmp/s"]
-    assert head_command(lm, "log_monitor", None, True) == [*PY, "-m", "raytrain.clusters.ray_log_monitor", "--session-dir=/tmp/s"]
-    # Ray's own polls (RAYTRAIN_QUIET_HEAD=0): the scripts as Ray starts them
+    assert head_command(lm, "log_monitor", None, True) == lm  # no patching of Ray's log monitor
+    # Ray's own polls (tuning off): the scripts as Ray starts them
     assert head_command(cmd, "dashboard", None, False) == cmd and head_command(lm, "log_monitor", None, False) == lm
     raylet = ["/venv/ray/core/src/ray/raylet/raylet", "--node-ip-address=127.0.0.1"]
     assert head_command(raylet, "raylet", ("JobHead",), True) == raylet
     # the table is keyed by Ray's own process types
     from ray._private import ray_constants
 
-    assert set(QUIET_SCRIPTS) == {ray_constants.PROCESS_TYPE_DASHBOARD, ray_constants.PROCESS_TYPE_LOG_MONITOR}
+    assert set(QUIET_SCRIPTS) == {ray_constants.PROCESS_TYPE_DASHBOARD}
     # a command without the script (Ray changed how it starts it) is left as it is
     assert via_module(["python", "other.py"], "dashboard.py", "m") == ["python", "other.py"]
 
 
 def test_the_scripts_raytrain_runs_exist_where_it_looks_for_them():
     assert os.path.isfile(ray_dashboard.dashboard_script())
-    assert os.path.isfile(ray_log_monitor.log_monitor_script())
 
 
 def test_each_dashboard_poll_is_the_only_one_second_sleep_of_its_ray_module():
@@ -79,17 +77,5 @@ def test_the_dashboard_patch_reaches_the_module_processes_through_the_forkserver
     ray_dashboard.slow_module_parent_check()
     assert handle.asyncio is not asyncio and module.asyncio is not asyncio
     handle.SubprocessModuleHandle.preload_in_forkserver([module.SubprocessModule])
-    assert forkserver._forkserver._preload_modules[-1] == "raytrain.clusters.ray_dashboard"
+    assert forkserver._forkserver._preload_modules[-1] == "raytrain.ray_tuning.ray_dashboard"
     assert "ray" in forkserver._forkserver._preload_modules
-
-
-def test_the_log_monitor_sleeps_longer_only_when_idle():
-    with open(ray_log_monitor.log_monitor_script(), encoding="utf-8") as f:
-        source = f.read()
-    patched = ray_log_monitor.patched_source(source, 0.5)
-    assert "time.sleep(0.1)" not in patched and patched.count("time.sleep(0.5)") == 1
-    compile(patched, "log_monitor.py", "exec")
-    # anything but exactly one idle sleep: Ray's script as it is
-    assert ray_log_monitor.patched_source("x = 1\n", 0.5) == "x = 1\n"
-    twice = "time.sleep(0.1)\ntime.sleep(0.1)\n"
-    assert ray_log_monitor.patched_source(twice, 0.5) == twice

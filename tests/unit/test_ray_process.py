@@ -141,7 +141,7 @@ def test_dashboard_modules_are_rays_and_leave_out_only_what_raytrain_never_calls
     from ray.dashboard.subprocesses.module import SubprocessModule
     from ray.dashboard.utils import DashboardHeadModule, get_all_modules
 
-    from raytrain.clusters import ray_start
+    from raytrain.ray_tuning import ray_start
 
     available = {c.__name__ for kind in (DashboardHeadModule, SubprocessModule) for c in get_all_modules(kind)}
     chosen = set(ray_start.DASHBOARD_MODULES)
@@ -153,12 +153,10 @@ def test_dashboard_modules_are_rays_and_leave_out_only_what_raytrain_never_calls
 
 
 def test_dashboard_modules_follow_the_environment():
-    from raytrain.clusters.ray_start import DASHBOARD_MODULES, dashboard_command, modules_to_load
+    from raytrain.ray_tuning.ray_start import DASHBOARD_MODULES, dashboard_command, modules_to_load
 
     assert modules_to_load({}) == DASHBOARD_MODULES
-    assert modules_to_load({"RAYTRAIN_QUIET_HEAD": "0"}) is None  # Ray's defaults throughout
-    assert modules_to_load({"RAYTRAIN_DASHBOARD_MODULES": "all"}) is None
-    assert modules_to_load({"RAYTRAIN_DASHBOARD_MODULES": " JobHead, StateHead ,"}) == ("JobHead", "StateHead")
+    assert modules_to_load({"RAYTRAIN_RAY_TUNING": "off"}) is None  # Ray's defaults throughout
     cmd = ["python", "dashboard.py", "--port=8265"]
     assert dashboard_command(cmd, ("JobHead", "StateHead")) == [*cmd, "--modules-to-load=JobHead,StateHead"]
     assert dashboard_command(cmd, None) == cmd
@@ -168,11 +166,11 @@ def test_dashboard_modules_follow_the_environment():
 
 def test_the_quiet_head_starts_no_ray_client_server_and_no_autoscaler_monitor(monkeypatch, tmp_path):
     from raytrain.clusters.local_head import _head_command
-    from raytrain.clusters.ray_start import ray_client_wanted
+    from raytrain.ray_tuning.ray_start import ray_client_wanted
 
-    monkeypatch.delenv("RAYTRAIN_QUIET_HEAD", raising=False)
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
     assert "--no-monitor" in _head_command(6390, 8275, tmp_path)
     assert not ray_client_wanted({})
-    assert ray_client_wanted({"RAYTRAIN_RAY_CLIENT": "1"}) and ray_client_wanted({"RAYTRAIN_QUIET_HEAD": "0"})
-    monkeypatch.setenv("RAYTRAIN_QUIET_HEAD", "0")  # Ray's defaults
+    assert ray_client_wanted({"RAYTRAIN_RAY_TUNING": "off"})
+    monkeypatch.setenv("RAYTRAIN_RAY_TUNING", "off")  # Ray's defaults
     assert "--no-monitor" not in _head_command(6390, 8275, tmp_path)

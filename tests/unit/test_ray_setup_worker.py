@@ -1,4 +1,4 @@
-"""Every worker process on a raytrain node starts through raytrain.clusters.ray_setup_worker, Ray's
+"""Every worker process on a raytrain node starts through raytrain.ray_tuning.ray_setup_worker, Ray's
 setup_worker.py without importing Ray: it must set the same variables and exec the same command as Ray's,
 and hand anything it does not know to Ray's script."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from raytrain.clusters import ray_setup_worker as light
-from raytrain.clusters.ray_start import head_command, python_worker_command, raylet_command, startup_concurrency
+from raytrain.ray_tuning import ray_setup_worker as light
+from raytrain.ray_tuning.ray_start import head_command, python_worker_command, raylet_command, startup_concurrency
 
 REST = ["/venv/ray/_private/workers/default_worker.py", "--node-ip-address=127.0.0.1", "--arg=a b"]
 
@@ -111,8 +111,9 @@ def test_the_raylet_starts_workers_through_it_may_start_four_at_once_and_prestar
                       "RAY_WORKER_DYNAMIC_OPTION_PLACEHOLDER")
     assert raylet_command(["raylet", "--maximum_startup_concurrency=16"], 4)[1] == "--maximum_startup_concurrency=16"
     assert head_command(RAYLET, "raylet", None, False) == RAYLET  # nothing asked: Ray's command
-    # the idle processes follow the quiet head alone, not the setup step or the startup floor
-    assert head_command(RAYLET, "raylet", None, True)[2] == "--num_prestart_python_workers=0"
+    # the idle processes follow the raylet_flags tuning (the startup floor), not the setup step or the dashboard's
+    assert head_command(RAYLET, "raylet", None, False, min_startup=4)[2] == "--num_prestart_python_workers=0"
+    assert head_command(RAYLET, "raylet", None, True, setup_worker="/s.py")[2] == "--num_prestart_python_workers=2"
     assert raylet_command(RAYLET, 4, "/s.py")[2] == "--num_prestart_python_workers=2"
     # a path that would need quoting, or a command without Ray's script: left as Ray wrote it
     assert python_worker_command("/venv/bin/python /a/setup_worker.py w.py", "/my dir/s.py") == "/venv/bin/python /a/setup_worker.py w.py"
@@ -120,12 +121,12 @@ def test_the_raylet_starts_workers_through_it_may_start_four_at_once_and_prestar
 
 
 def test_the_startup_floor_and_the_setup_step_come_from_the_environment():
-    from raytrain.clusters.ray_start import light_setup_worker
+    from raytrain.ray_tuning.ray_start import light_setup_worker
 
     assert startup_concurrency({}) == 4 and light_setup_worker({})
-    assert not light_setup_worker({"RAYTRAIN_LIGHT_SETUP_WORKER": "0"})
+    assert not light_setup_worker({"RAYTRAIN_RAY_TUNING": "off"})
     # Ray's defaults throughout: Ray's setup step, Ray's startup concurrency
-    assert startup_concurrency({"RAYTRAIN_QUIET_HEAD": "0"}) == 0 and not light_setup_worker({"RAYTRAIN_QUIET_HEAD": "0"})
+    assert startup_concurrency({"RAYTRAIN_RAY_TUNING": "off"}) == 0 and not light_setup_worker({"RAYTRAIN_RAY_TUNING": "off"})
 
 
 def test_rays_setup_worker_is_where_the_raylet_command_names_it():

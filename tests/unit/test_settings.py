@@ -78,7 +78,7 @@ def test_the_scan_finds_a_direct_read(tmp_path):
 
 
 def test_the_stdlib_only_setup_worker_spells_a_declared_name():
-    from raytrain.clusters import ray_setup_worker
+    from raytrain.ray_tuning import ray_setup_worker
 
     assert ray_setup_worker.ALLOCATOR_VAR in settings.SETTINGS
 
@@ -99,8 +99,10 @@ def test_values_are_typed_and_defaults_apply_when_unset_or_empty():
     assert settings.get("RAYTRAIN_PORT", {"RAYTRAIN_PORT": "7000"}) == 7000
     assert settings.get("RAYTRAIN_PORT", {"RAYTRAIN_PORT": " "}) == 6379
     assert settings.get("RAYTRAIN_K8S_POLL_S", {"RAYTRAIN_K8S_POLL_S": "0.5"}) == 0.5
-    assert settings.get("RAYTRAIN_QUIET_HEAD", {}) is True
-    assert settings.get("RAYTRAIN_QUIET_HEAD", {"RAYTRAIN_QUIET_HEAD": "0"}) is False
+    assert settings.get("RAYTRAIN_BIND_CORES", {}) is True
+    assert settings.get("RAYTRAIN_BIND_CORES", {"RAYTRAIN_BIND_CORES": "0"}) is False
+    assert settings.get("RAYTRAIN_RAY_TUNING", {}) == "on"
+    assert settings.get("RAYTRAIN_RAY_TUNING", {"RAYTRAIN_RAY_TUNING": "OFF"}) == "off"
     assert settings.get("RAYTRAIN_CPU_ALLOCATOR", {"RAYTRAIN_CPU_ALLOCATOR": "JEMALLOC"}) == "jemalloc"
     assert settings.get("RAYTRAIN_HOME", {"RAYTRAIN_HOME": "~/rt"}) == str(Path("~/rt").expanduser())
 
@@ -109,7 +111,8 @@ def test_values_are_typed_and_defaults_apply_when_unset_or_empty():
     ("RAYTRAIN_PORT", "abc", "whole number"),
     ("RAYTRAIN_K8S_POLL_S", "nan", "finite"),
     ("RAYTRAIN_K8S_POLL_S", "-1", "0 or more"),
-    ("RAYTRAIN_QUIET_HEAD", "yes", "1 (on) or 0 (off)"),
+    ("RAYTRAIN_BIND_CORES", "yes", "1 (on) or 0 (off)"),
+    ("RAYTRAIN_RAY_TUNING", "0", "on, off"),
     ("RAYTRAIN_CPU_ALLOCATOR", "tcmalloc", "jemalloc, glibc"),
 ])
 def test_a_malformed_value_is_a_config_error_naming_the_variable(name, value, says):

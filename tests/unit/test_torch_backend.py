@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from raytrain.runtime import torch_backend
+from raytrain.ray_tuning import lazy_torch, lean_trainer
+from raytrain.runtime import early_imports, preflight, torch_backend
 
 CHECK = """
 import sys, ray.cloudpickle as cp
@@ -22,7 +23,8 @@ print("torch" in sys.modules, "deepspeed" in sys.modules)
 def test_the_controller_unpickles_the_backend_without_importing_torch():
     import ray.cloudpickle as cp
 
-    config = torch_backend.make_config(timeout_s=42.0, interface="eth9")
+    config = lazy_torch.make_config(timeout_s=42.0, interface="eth9",
+                                    before_process_group=preflight.before_process_group, prepare=early_imports.wait)
     out = subprocess.run([sys.executable, "-c", CHECK], input=cp.dumps(config), capture_output=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr.decode()[-2000:]
@@ -32,8 +34,9 @@ def test_the_controller_unpickles_the_backend_without_importing_torch():
 def test_the_driver_builds_its_trainer_without_importing_torch():
     code = ("import sys\n"
             "from raytrain.runtime import driver, torch_backend, worker\n"
-            "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer\n"
-            "torch_backend.make_config(timeout_s=1, interface=None)\n"
+            "from ray.train import ScalingConfig\n"
+            "torch_backend.trainer(lambda c: None, backend_config_args={'timeout_s': 1, 'interface': None},\n"
+            "                      scaling_config=ScalingConfig(num_workers=1))\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
@@ -42,28 +45,36 @@ def test_the_driver_builds_its_trainer_without_importing_torch():
 
 
 def test_process_group_backend_is_rays_choice():
-    assert torch_backend.process_group_backend(None, {"CPU": 1}) == "gloo"
-    assert torch_backend.process_group_backend(None, {"CPU": 1, "GPU": 1}) == "nccl"
-    assert torch_backend.process_group_backend(None, {"GPU": 0}) == "gloo"
-    assert torch_backend.process_group_backend("gloo", {"GPU": 1}) == "gloo"
+    assert lazy_torch.process_group_backend(None, {"CPU": 1}) == "gloo"
+    assert lazy_torch.process_group_backend(None, {"CPU": 1, "GPU": 1}) == "nccl"
+    assert lazy_torch.process_group_backend(None, {"GPU": 0}) == "gloo"
+    assert lazy_torch.process_group_backend("gloo", {"GPU": 1}) == "gloo"
 
 
 def test_worker_side_helpers(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "unset")  # recorded by monkeypatch: both are put back after the test
     monkeypatch.setenv("MASTER_PORT", "unset")
-    torch_backend.set_master("10.0.0.1", 29500)
+    lazy_torch.set_master("10.0.0.1", 29500)
     assert os.environ["MASTER_ADDR"] == "10.0.0.1" and os.environ["MASTER_PORT"] == "29500"
-    monkeypatch.setattr(torch_backend, "RAY_TORCH", "os.path")  # the by-name call, without torch
-    assert torch_backend.call("join", "a", "b") == os.path.join("a", "b")
+    monkeypatch.setattr(lazy_torch, "RAY_TORCH", "os.path")  # the by-name call, without torch
+    assert lazy_torch.call(None, "join", "a", "b") == os.path.join("a", "b")
+    seen = []
+    assert lazy_torch.call(lambda: seen.append(1), "join", "a") == "a" and seen == [1]
 
 
-@pytest.mark.parametrize("value, lazy", [(None, True), ("1", True), ("0", False)])
-def test_switch(monkeypatch, value, lazy):
-    if value is None:
-        monkeypatch.delenv("RAYTRAIN_LAZY_TORCH", raising=False)
-    else:
-        monkeypatch.setenv("RAYTRAIN_LAZY_TORCH", value)
-    assert torch_backend.lazy_torch_enabled() is lazy
+@pytest.mark.parametrize("env, lazy", [({}, True), ({"RAYTRAIN_RAY_TUNING": "off"}, False)])
+def test_the_trainer_is_rays_torch_trainer_with_the_tunings_off(monkeypatch, env, lazy):
+    from ray.train import ScalingConfig
+
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    trainer = torch_backend.trainer(lambda config: None, backend_config_args={"timeout_s": 60.0, "interface": None},
+                                    scaling_config=ScalingConfig(num_workers=2))
+    names = {c.__name__ for c in type(trainer).__mro__}
+    assert ("LeanDataParallelTrainer" in names) is lazy and ("TorchTrainer" in names) is not lazy, names
+    backend = trainer.backend_config.backend_cls.__name__
+    assert backend == ("LazyTorchBackend" if lazy else "_PreflightBackend"), backend
 
 
 def _default_callback_names(datasets=None):
@@ -75,7 +86,7 @@ def _default_callback_names(datasets=None):
 
 
 def test_the_trainer_leaves_out_the_callbacks_raytrain_does_without(monkeypatch):
-    monkeypatch.delenv("RAYTRAIN_LEAN_TRAINER", raising=False)
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
     monkeypatch.delenv("RAYTRAIN_PG_CLEANER", raising=False)
     names = _default_callback_names()
     assert "DatasetsCallback" not in names  # no datasets: no DatasetManager actor, no Ray Data context sent
@@ -85,7 +96,7 @@ def test_the_trainer_leaves_out_the_callbacks_raytrain_does_without(monkeypatch)
     import ray.data
 
     assert "DatasetsCallback" in _default_callback_names({"train": ray.data.range(4)})  # given datasets: kept
-    monkeypatch.setenv("RAYTRAIN_LEAN_TRAINER", "0")
+    monkeypatch.setenv("RAYTRAIN_RAY_TUNING", "off")
     assert {"DatasetsCallback", "PlacementGroupCleanerCallback"} <= _default_callback_names()
 
 
@@ -107,14 +118,14 @@ def test_the_local_target_runs_fixed_size_jobs_without_the_autoscaling_coordinat
     assert LOCAL_RUNTIME_ENV_VARS["RAYTRAIN_AUTOSCALING_COORDINATOR"] == "0"
     assert "RAYTRAIN_AUTOSCALING_COORDINATOR" not in RUNTIME_ENV_VARS
     fixed = create_scaling_policy(ScalingConfig(num_workers=2))
-    policy = cloudpickle.loads(cloudpickle.dumps(torch_backend.without_coordinator(fixed)))
+    policy = cloudpickle.loads(cloudpickle.dumps(lean_trainer.without_coordinator(fixed)))
     policy.after_controller_start(type("Run", (), {"run_id": "abc"})())
     decision = policy.make_decision_for_non_running_worker_group()
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
     assert policy._coordinator_client is None and policy._requester_id == "train-abc"
     policy.before_controller_abort()
     elastic = create_scaling_policy(ScalingConfig(num_workers=(1, 2)))
-    assert torch_backend.without_coordinator(elastic) is elastic
+    assert lean_trainer.without_coordinator(elastic) is elastic
 
     seen = {}
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer

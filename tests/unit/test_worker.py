@@ -134,7 +134,7 @@ def test_a_failing_job_prints_its_traceback_once_from_its_own_frames(tmp_path, r
     import logging
 
     from raytrain.runtime.worker import train_loop_per_worker
-    from raytrain.runtime.worker_errors import RAY_TRAIN_UTIL_LOGGER
+    from raytrain.ray_tuning.ray_access import RAY_TRAIN_ERROR_LOGGER as RAY_TRAIN_UTIL_LOGGER
 
     folder = tmp_path / "job"
     folder.mkdir()

@@ -15,44 +15,34 @@ traces and profiles) and events (the agents post theirs to it).
 Nor does it start Ray Client's server (``ray://``, port 10001): raytrain talks to a cluster through the
 dashboard's jobs API only, and ``ray start`` cannot leave the server out (its port must be 1024-65535).
 
-The dashboard and the log monitor are started through raytrain's ``ray_dashboard`` and ``ray_log_monitor``
-(Ray's scripts, each with a hard-coded poll made slower; see there).
+The dashboard is started through raytrain's ``ray_dashboard`` (Ray's script, with its hard-coded
+module health check made slower; see there).
 
 Every worker process starts through raytrain's ``ray_setup_worker`` (Ray's ``setup_worker.py`` without
 importing Ray; see there). The raylet may start at least ``MIN_STARTUP_CONCURRENCY`` worker processes at once (Ray allows as many as
 the node has CPUs: 2 on a 2-CPU node, where a job's start asks for its Train controller, the controller's
 synchronisation actor and a process per worker at the same moment; see raytrain.runtime.prestart).
-``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's
-setup step. Nor does the raylet start Ray's one idle process per CPU for the node's first job, with an empty
+Nor does the raylet start Ray's one idle process per CPU for the node's first job, with an empty
 runtime env that no raytrain actor has.
 
-``RAYTRAIN_DASHBOARD_MODULES``: ``all`` for Ray's full set, or a comma-separated list of module class
-names. ``RAYTRAIN_RAY_CLIENT=1`` starts Ray Client's server. With ``RAYTRAIN_QUIET_HEAD=0`` (Ray's defaults
-throughout) every module loads, the client server starts, Ray's scripts run as they are and the raylet
-starts as many workers at once as Ray allows, and its idle ones for the first job.
+Tunings (raytrain.ray_tuning): ``dashboard_modules``, ``quiet_dashboard``, ``raylet_flags``,
+``light_setup_worker``, ``no_ray_client``; each one off on a Ray it was not written for. With
+``RAYTRAIN_RAY_TUNING=off`` (stock Ray) every module loads, the client server starts, Ray's scripts run as
+they are and the raylet starts as many workers at once as Ray allows, and its idle ones for the first job.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from raytrain import settings
-from raytrain.clusters.ray_process import quiet
+from raytrain import ray_tuning
 
 DASHBOARD_MODULES = ("JobHead", "StateHead", "NodeHead", "ReportHead", "EventHead", "UsageStatsHead")
 
 
 def modules_to_load(env: dict[str, str] | None = None) -> tuple[str, ...] | None:
     """The dashboard modules to load; None: all of them (Ray's default)."""
-    env = os.environ if env is None else env
-    if not quiet(env):
-        return None
-    chosen = settings.get("RAYTRAIN_DASHBOARD_MODULES", env).strip()
-    if chosen.lower() == "all":
-        return None
-    if chosen:
-        return tuple(m.strip() for m in chosen.split(",") if m.strip())
-    return DASHBOARD_MODULES
+    return DASHBOARD_MODULES if ray_tuning.on("dashboard_modules", env) else None
 
 
 def dashboard_command(command: list[str], modules: tuple[str, ...] | None) -> list[str]:
@@ -65,8 +55,7 @@ def dashboard_command(command: list[str], modules: tuple[str, ...] | None) -> li
 # The head's Python processes that raytrain runs through a module of its own (each docstring says what
 # changes): Ray's process type -> (the script file in Ray's command line, the module that runs it instead).
 QUIET_SCRIPTS = {
-    "dashboard": ("dashboard.py", "raytrain.clusters.ray_dashboard"),  # ray_constants.PROCESS_TYPE_DASHBOARD
-    "log_monitor": ("log_monitor.py", "raytrain.clusters.ray_log_monitor"),  # PROCESS_TYPE_LOG_MONITOR
+    "dashboard": ("dashboard.py", "raytrain.ray_tuning.ray_dashboard"),  # ray_constants.PROCESS_TYPE_DASHBOARD
 }
 
 
@@ -83,12 +72,8 @@ STARTUP_FLAG = "--maximum_startup_concurrency="
 
 
 def startup_concurrency(env: dict[str, str] | None = None) -> int:
-    """The floor for the raylet's ``--maximum_startup_concurrency`` (0: leave Ray's value, as with
-    ``RAYTRAIN_QUIET_HEAD=0``)."""
-    env = os.environ if env is None else env
-    if not quiet(env):
-        return 0
-    return MIN_STARTUP_CONCURRENCY
+    """The floor for the raylet's ``--maximum_startup_concurrency`` (0: leave Ray's value)."""
+    return MIN_STARTUP_CONCURRENCY if ray_tuning.on("raylet_flags", env) else 0
 
 
 WORKER_COMMAND_FLAG = "--python_worker_command="
@@ -96,9 +81,8 @@ RAY_SETUP_WORKER = os.path.join("_private", "workers", "setup_worker.py")
 
 
 def light_setup_worker(env: dict[str, str] | None = None) -> bool:
-    """Whether workers start through raytrain's setup step (not with ``RAYTRAIN_QUIET_HEAD=0``: Ray's scripts)."""
-    env = os.environ if env is None else env
-    return quiet(env) and settings.get("RAYTRAIN_LIGHT_SETUP_WORKER", env)
+    """Whether workers start through raytrain's setup step (else Ray's)."""
+    return ray_tuning.on("light_setup_worker", env)
 
 
 def python_worker_command(value: str, setup_worker: str) -> str:
@@ -137,13 +121,14 @@ def raylet_command(command: list[str], floor: int, setup_worker: str | None = No
 
 def head_command(command: list[str], process_type: str, modules: tuple[str, ...] | None, quiet_polls: bool,
                  min_startup: int = 0, setup_worker: str | None = None) -> list[str]:
-    """How raytrain starts one of the node's processes, given Ray's command line for it."""
+    """How raytrain starts one of the node's processes, given Ray's command line for it (``quiet_polls``:
+    the dashboard through raytrain's module; ``min_startup``: also no idle workers for the first job)."""
     from ray._private import ray_constants
 
     if process_type == ray_constants.PROCESS_TYPE_DASHBOARD:
         command = dashboard_command(command, modules)
-    if process_type == ray_constants.PROCESS_TYPE_RAYLET and (min_startup or setup_worker or quiet_polls):
-        command = raylet_command(command, min_startup, setup_worker, no_idle_workers=quiet_polls)
+    if process_type == ray_constants.PROCESS_TYPE_RAYLET and (min_startup or setup_worker):
+        command = raylet_command(command, min_startup, setup_worker, no_idle_workers=bool(min_startup))
     if quiet_polls and process_type in QUIET_SCRIPTS:
         command = via_module(command, *QUIET_SCRIPTS[process_type])
     return command
@@ -152,8 +137,8 @@ def head_command(command: list[str], process_type: str, modules: tuple[str, ...]
 def start_head_processes_quietly(modules: tuple[str, ...] | None, quiet_polls: bool, min_startup: int = 0,
                                  setup_worker: str | None = None) -> None:
     """Make Ray start its dashboard with only ``modules``, its raylet with a startup concurrency of at least
-    ``min_startup`` and its workers through ``setup_worker`` and, with ``quiet_polls``, the dashboard and the
-    log monitor through raytrain's modules (Ray builds each command in ``services.start_*`` and starts it
+    ``min_startup`` and its workers through ``setup_worker`` and, with ``quiet_polls``, the dashboard
+    through raytrain's module (Ray builds each command in ``services.start_*`` and starts it
     with ``services.start_ray_process``)."""
     if modules is None and not quiet_polls and not min_startup and not setup_worker:
         return
@@ -169,8 +154,7 @@ def start_head_processes_quietly(modules: tuple[str, ...] | None, quiet_polls: b
 
 
 def ray_client_wanted(env: dict[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    return not quiet(env) or settings.get("RAYTRAIN_RAY_CLIENT", env)
+    return not ray_tuning.on("no_ray_client", env)
 
 
 def skip_ray_client_server() -> None:
@@ -181,10 +165,11 @@ def skip_ray_client_server() -> None:
 
 
 def main() -> None:
-    from raytrain.clusters import ray_setup_worker
+    from raytrain.ray_tuning import ray_setup_worker
 
     setup_worker = ray_setup_worker.__file__ if light_setup_worker() else None
-    start_head_processes_quietly(modules_to_load(), quiet(), startup_concurrency(), setup_worker)
+    start_head_processes_quietly(modules_to_load(), ray_tuning.on("quiet_dashboard"), startup_concurrency(),
+                                 setup_worker)
     if not ray_client_wanted():
         skip_ray_client_server()
     from ray.scripts.scripts import main as ray_main

@@ -22,7 +22,8 @@ a job's workers run in the processes started here.
 Only the driver's node is asked: the controller always runs there (Ray Train pins it to the driver's node);
 the workers only when the cluster is that one node and it has the resources free now (else the processes
 could wait unused). A process nobody takes is stopped by Ray when the job ends, or when its keep-alive ends
-and the node has more idle processes than CPUs. ``RAYTRAIN_PRESTART=0`` turns this off.
+and the node has more idle processes than CPUs. A tuning (raytrain.ray_tuning): off with
+``RAYTRAIN_RAY_TUNING=off`` and on a Ray it was not written for.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from raytrain import settings
+from raytrain import ray_tuning
 
 # One process with the controller's runtime env. Ray Train's synchronisation actor has that env too, but a
 # second one started here was left idle (0.7 s of CPU for nothing) whenever the controller's own request
@@ -44,7 +45,7 @@ WARN_BLOCKING_GET_DEFAULT = "0"
 
 
 def enabled() -> bool:
-    return settings.get("RAYTRAIN_PRESTART")
+    return ray_tuning.on("prestart")
 
 
 def merge(parent: dict, child: dict) -> dict:
@@ -144,8 +145,10 @@ def start(num_workers: int, per_worker: dict[str, float], worker_runtime_env: di
     "workers": n}); asks nothing when turned off or when the job's runtime env is empty (Ray then keeps the
     controller's env as Python serialised it, which this module does not replay)."""
     asked = {"controller": 0, "workers": 0}
+    if not enabled():
+        return asked
     job_env = job_runtime_env()
-    if not enabled() or not job_env:
+    if not job_env:
         return asked
     import ray
     from ray._private.grpc_utils import init_grpc_channel

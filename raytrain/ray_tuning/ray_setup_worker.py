@@ -18,8 +18,9 @@ of this node's Ray) in ``LD_PRELOAD``, after anything the environment preloads a
 preloads wins). It replaces glibc's malloc for the whole process; a CPU job's steps were 6-15 % shorter with
 it (docs/benchmarks.md). Where that file does not exist, nothing is preloaded and glibc's malloc stays.
 
-raytrain's ``ray start`` (raytrain.clusters.ray_start) puts this file in the raylet's
-``--python_worker_command`` in place of Ray's; ``RAYTRAIN_LIGHT_SETUP_WORKER=0`` keeps Ray's.
+raytrain's ``ray start`` (raytrain.ray_tuning.ray_start) puts this file in the raylet's
+``--python_worker_command`` in place of Ray's while the ``light_setup_worker`` tuning is on (so with
+``RAYTRAIN_RAY_TUNING=off`` Ray's own setup step runs, and no jemalloc is preloaded).
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ poll asks for it (:func:`ask`): after it reported a checkpoint, and when its tra
 raised). The controller then polls at once and every ``FAST_S`` (0.05 s) for the next
 ``WINDOW_S`` (0.5 s: the poll that takes a checkpoint report and the one that confirms it; a
 train function that has returned). A worker process that dies without asking is found by the next regular
-poll, as under Ray's default. ``RAYTRAIN_PROMPT_POLL=0`` keeps Ray's controller, polling every 0.2 s.
+poll, as under Ray's default. With the tuning off (``RAYTRAIN_RAY_TUNING=off``, or a Ray it was not written
+for) Ray's controller runs as Ray has it, polling every 0.2 s (a public knob) unless the job sets the interval.
 
 Imports Ray Train only when called (the CLI never does).
 """
@@ -23,17 +24,16 @@ import contextlib
 import os
 from typing import Iterator
 
-from raytrain import settings
+from raytrain import ray_tuning
 
-ENABLED_ENV = "RAYTRAIN_PROMPT_POLL"
 INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 FAST_S, WINDOW_S = 0.05, 0.5
 OFF_INTERVAL_S = "0.2"  # the interval without prompt polls: a checkpoint report waits ~0.1 s for the poll
 METHOD = "raytrain_poll_soon"
 
 
-def enabled() -> bool:
-    return settings.get(ENABLED_ENV)
+def enabled(say: bool = True) -> bool:
+    return ray_tuning.on("prompt_poll", say=say)
 
 
 def configure_driver_env() -> None:
@@ -121,6 +121,8 @@ def installed() -> Iterator[None]:
 def ask(window_s: float | None = None) -> bool:
     """On a worker: ask the controller to poll now (and often for a while). Fire and forget; False where the
     controller is Ray's own or cannot be reached (the next regular poll then comes as usual)."""
+    if not enabled(say=False):
+        return False
     try:
         from ray.train.v2._internal.execution.context import get_train_context
 
