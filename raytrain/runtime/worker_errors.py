@@ -15,8 +15,10 @@ import sys
 import traceback
 from types import FrameType
 
+import raytrain
+
 RAY_TRAIN_UTIL_LOGGER = "ray.train.v2._internal.util"  # where Ray Train logs "Error in training function:"
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # raytrain/
+PACKAGE_DIR = os.path.dirname(os.path.abspath(raytrain.__file__))  # raytrain/, wherever this module sits in it
 
 
 def _launcher_frame(frame: FrameType) -> bool:
