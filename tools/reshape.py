@@ -58,7 +58,7 @@ SUBPACKAGES = {
                    "memory_estimate": "memory_estimate",
                    "imports": "deepspeed_imports",
                }),
-    "data": ("``--data``: the driver reads and preprocesses each dataset (source), a feeder streams it (feed), "
+    "datasets": ("``--data``: the driver reads and preprocesses each dataset (source), a feeder streams it (feed), "
              "each rank iterates its share (batches: ``ctx.dataset``).", {
                  "data": "batches",
                  "data_feed": "feed",
@@ -91,7 +91,7 @@ SUBPACKAGES = {
 SHORT = {  # the code map's cells
     "driver": "the head: the training driver's phases, its checks and watches, the CLI's Ray utilities",
     "worker": "every Ray Train worker: the train loop, `ctx` and its collaborators, script mode, rank logs",
-    "data": "`--data`: read and preprocess (driver), feed, each rank's batches",
+    "datasets": "`--data`: read and preprocess (driver), feed, each rank's batches",
     "checkpoint": "a worker's checkpoints: files, one run's schedule, a Trainer's",
     "hf": "Hugging Face models and Trainer scripts on a worker",
     "tracking": "`--track` runs, from rank 0",
@@ -130,8 +130,11 @@ def warn(msg: str) -> None:
     print(f"reshape: warning: {msg}", file=sys.stderr)
 
 
-def git(*args: str, check: bool = True) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, check=check, capture_output=True, text=True).stdout
+def git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"reshape: git {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
 
 
 def runtime_moves() -> dict[str, str]:
@@ -158,8 +161,8 @@ def top_level_names(path: Path) -> set[str]:
 
 
 def check_no_ambiguity() -> None:
-    """A subpackage named like an old module (driver, worker, data, checkpoint, export): a reference
-    ``raytrain.runtime.data.X`` is new when X is one of data/'s modules, else old. So no old module may have a
+    """A subpackage named like an old module (driver, worker, checkpoint, export): a reference
+    ``raytrain.runtime.worker.X`` is new when X is one of worker/'s modules, else old. So no old module may have a
     top-level name that is one of its subpackage's new modules."""
     for sub, (_, mods) in SUBPACKAGES.items():
         old = ROOT / "raytrain" / "runtime" / f"{sub}.py"
@@ -193,7 +196,7 @@ def make_subpackage(sub: str, doc: str, dry: bool) -> None:
         return
     init.parent.mkdir(exist_ok=True)
     init.write_text(f'"""{doc}"""\n')
-    git("add", str(init.relative_to(ROOT)))
+    git("add", "-f", str(init.relative_to(ROOT)))
 
 
 # -- rewriting references --------------------------------------------------------------------------------
@@ -332,7 +335,7 @@ def write_code_map(moves: dict[str, str], dry: bool) -> None:
     if not dry:
         arch.write_text(text)
         page.write_text(code_map_page(moves))
-        git("add", "ARCHITECTURE.md", "docs/code-map.md")
+        git("add", "-f", "ARCHITECTURE.md", "docs/code-map.md")
 
 
 def regenerate_settings(dry: bool) -> None:
