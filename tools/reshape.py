@@ -249,15 +249,17 @@ class Rewriter:
         if pkg in self.moves:  # from raytrain.runtime.driver import main -> from raytrain.runtime.driver.entrypoint
             return f"{indent}from {self.moves[pkg]} import {names}{comment}"
         groups: dict[str, list[str]] = {}
+        changed = False
         for name, alias in parsed:
             old = f"{pkg}.{name}"
             if old in self.moves:
+                changed = True
                 new_pkg, _, new_name = self.moves[old].rpartition(".")
                 local = alias or name
                 groups.setdefault(new_pkg, []).append(new_name if new_name == local else f"{new_name} as {local}")
             else:
                 groups.setdefault(pkg, []).append(f"{name} as {alias}" if alias else name)
-        if list(groups) == [pkg]:
+        if not changed:
             return m.group(0)
         lines = [f"{indent}from {p} import {', '.join(ns)}" for p, ns in groups.items()]
         lines[0] += comment
