@@ -487,6 +487,8 @@ def classify_failure(exc: BaseException, hang_summary: list[str] | None = None) 
     from raytrain.errors import ConfigError
     from raytrain.runtime.preflight import PreflightError
 
+    if isinstance(exc, ConfigError):  # raytrain's own refusal (e.g. --resume): its message, whatever caused it
+        return cannot_run(events.INVALID, str(exc))
     cause, rank = _root_cause(exc)
     if isinstance(cause, (PreflightError, ConfigError)):
         return cannot_run(events.INVALID, str(cause))

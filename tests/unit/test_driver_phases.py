@@ -36,8 +36,12 @@ def test_workers_that_cannot_connect_are_a_plan_that_cannot_run(exc):
 
 
 def test_a_missing_resume_point_cannot_run():
-    out = driver.classify_failure(ConfigError("--resume latest: no checkpoint in /s", flag="--resume"))
+    try:
+        raise ConfigError("--resume latest: no checkpoint in /s", flag="--resume") from OSError("no such folder")
+    except ConfigError as exc:
+        out = driver.classify_failure(exc)
     assert (out.event, out.exit_code) == (INVALID, driver.EXIT_CANNOT_RUN)
+    assert out.fields == {"message": "--resume latest: no checkpoint in /s"}
 
 
 def test_any_other_failure_is_the_training_failing_on_its_rank_and_ends_the_trackers():
