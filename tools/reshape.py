@@ -205,6 +205,12 @@ FROM_IMPORT = re.compile(
     r"(?P<comment>[ \t]*#[^\n]*)?$", re.M)
 
 
+# the same inside a one-line code string: "...; from raytrain.runtime import rank_log; ..." (python -c scripts)
+EMBEDDED_IMPORT = re.compile(
+    r"(?<=[\"';])(?P<indent> ?)from (?P<pkg>raytrain(?:\.[a-z_]+)*) import (?P<names>[\w ,]+?)(?P<comment>)"
+    r"(?=\\n|;|[\"']|$)", re.M)
+
+
 def parse_names(text: str) -> list[tuple[str, str | None]]:
     out = []
     for part in text.strip().strip("()").replace("\n", " ").split(","):
@@ -238,7 +244,7 @@ class Rewriter:
             return ""
         return rf"(?!\.(?:{'|'.join(sorted(children))})\b)(?! import (?:{'|'.join(sorted(children))})\b)"
 
-    def from_import(self, m: re.Match) -> str:
+    def from_import(self, m: re.Match, joiner: str = "\n") -> str:
         indent, pkg, names, comment = m["indent"], m["pkg"], m["names"], m["comment"] or ""
         parsed = parse_names(names)
         if not parsed or any(not re.fullmatch(r"[\w*]+", n) for n, _ in parsed):
@@ -261,12 +267,13 @@ class Rewriter:
                 groups.setdefault(pkg, []).append(f"{name} as {alias}" if alias else name)
         if not changed:
             return m.group(0)
-        lines = [f"{indent}from {p} import {', '.join(ns)}" for p, ns in groups.items()]
+        lines = [f"from {p} import {', '.join(ns)}" for p, ns in groups.items()]
         lines[0] += comment
-        return "\n".join(lines)
+        return indent + (joiner + ("" if joiner == "; " else indent)).join(lines)
 
     def text(self, text: str) -> str:
         text = FROM_IMPORT.sub(self.from_import, text)
+        text = EMBEDDED_IMPORT.sub(lambda m: self.from_import(m, "; "), text)
         for pattern, new in self.dotted:
             text = pattern.sub(new, text)
         return text

@@ -42,6 +42,11 @@ CASES = [
      "from raytrain.targets import kuberay_portforward as k8s_portforward, upload\n"),
     ("from raytrain.config.profile import load_profile\n", "from raytrain.config.config_file import load_profile\n"),
     ("from raytrain.runtime import prestart\n", "from raytrain.runtime import prestart\n"),  # the Ray tunings' own
+    ('code = "from raytrain.runtime import driver, trackers\\n"\n',
+     'code = "from raytrain.runtime.driver import entrypoint as driver; from raytrain.runtime.tracking import trackers'
+     '\\n"\n'),
+    ("-c 'import sys; from raytrain.runtime import rank_log; rank_log.main()'\n",
+     "-c 'import sys; from raytrain.runtime.worker import rank_log; rank_log.main()'\n"),
     ("from raytrain.runtime import (\n    checkpoint,\n    trackers,\n)\n",
      "from raytrain.runtime.checkpoint import files as checkpoint\nfrom raytrain.runtime.tracking import trackers\n"),
 ]
