@@ -103,7 +103,7 @@ def train(ctx):
     args = parser().parse_args(ctx.args)
     torch.manual_seed(args.seed)  # every rank builds the same full model; AutoTP keeps its slice
     net = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq)
-    net.checkpointed = ctx.checkpointed  # --activation-checkpointing recomputes each block in backward
+    net.checkpointed = ctx.activation_checkpointed  # --activation-checkpointing recomputes each block in backward
     engine = ctx.deepspeed(net, lr=args.lr)
     for step in range(ctx.start_step, args.steps):
         total = 0.0

@@ -7,7 +7,7 @@ import os
 import re
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# Ray's logging format: "2026-12-03 13:08:13,328\tINFO job_manager.py:581 -- Runtime env is setting up."
+# Ray's logging format: "YYYY-MM-DD hh:mm:ss,mmm\tINFO job_manager.py:581 -- Runtime env is setting up."
 RAY_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+(DEBUG|INFO)\s+\S+\.py:\d+ -- ")
 # A Ray actor/worker prefix: "(RayTrainWorker pid=123)" or "(TrainController pid=9, ip=10.0.0.1)".
 PREFIX = re.compile(r"^(\((?:[\w.]+ )?pid=[^)]*\)|\(raylet[^)]*\)) ?")

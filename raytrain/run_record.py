@@ -86,19 +86,16 @@ def job_info(job_id: str, folder: Path, why: str = "", *, steps: bool = True) ->
     warning with where the facts come from. ``steps=False`` reads the driver's events only (state, name,
     workers, times; no metrics): a list of many long runs stays quick."""
     from raytrain.events import JobFacts
-    from raytrain.status import JobInfo, JobState
+    from raytrain.status import JobInfo, JobState, outcome
 
     timed = read_timed(folder, "*" if steps else "driver")
     facts = JobFacts.from_lines(rest for _, rest in timed)
     started = facts.started or {}
     first, last = (timed[0][0], timed[-1][0]) if timed else (None, None)
-    if facts.finished is not None:
-        state, message = JobState.SUCCEEDED, ""
-    elif facts.error is not None:
-        state, message = JobState.FAILED, ""
-    elif facts.stopped is not None:
-        state, message = JobState.STOPPED, f"stopped ({facts.stopped.get('signal') or 'by a signal'})"
-    else:
+    state, message = outcome(facts), ""
+    if state is JobState.STOPPED:
+        message = f"stopped ({facts.stopped.get('signal') or 'by a signal'})"
+    elif state is None:
         step = (facts.last_metrics or {}).get("step")
         state = JobState.FAILED
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last)) if last else "its start"

@@ -62,14 +62,28 @@ def rayjob_state(status: dict[str, Any] | None) -> JobState:
     return JobState.PENDING
 
 
+def outcome(facts: JobFacts | None) -> JobState | None:
+    """How the job ended by its driver's last word: ``finished`` SUCCEEDED, ``error``/``capacity``/``invalid``
+    FAILED, ``stopped`` STOPPED; None: no last word (yet). The one reading of it, for status and the record."""
+    if facts is None:
+        return None
+    if facts.finished is not None:
+        return JobState.SUCCEEDED
+    if facts.error is not None:
+        return JobState.FAILED
+    if facts.stopped is not None:
+        return JobState.STOPPED
+    return None
+
+
 def job_state(cluster_state: JobState, facts: JobFacts | None = None) -> JobState:
-    """The cluster's view refined by the job's log, the same for every target: a running job whose workers
-    restart is RESTARTING; one whose driver has said why it failed (an error, capacity or invalid event: its
-    last word before it exits) is FAILED; one whose workers are not placed yet (the driver has not asked, or their placement
-    group waits for resources: ``facts.waiting``) is PENDING. ``facts`` None: the
-    log was not read (or could not be), so the cluster's view stands."""
+    """The cluster's view refined by the job's log, the same for every target: a running job whose driver has
+    said it failed (its last word before it exits: ``outcome``) is FAILED; one whose workers restart is
+    RESTARTING; one whose workers are not placed yet (the driver has not asked, or their placement group waits
+    for resources: ``facts.waiting``) is PENDING. A success or a stop waits for the cluster to say so.
+    ``facts`` None: the log was not read (or could not be), so the cluster's view stands."""
     if cluster_state is JobState.RUNNING and facts is not None:
-        if facts.error is not None:  # the driver's last word (it exits next): not running while Ray says so
+        if outcome(facts) is JobState.FAILED:  # the driver's last word (it exits next): not running any more
             return JobState.FAILED
         if facts.restarting:
             return JobState.RESTARTING

@@ -13,12 +13,14 @@ from raytrain.clusters.base import ClusterOptions
 from raytrain.clusters.factory import make_cluster
 from raytrain.errors import ClusterError
 
-# Which cluster: `cluster up|status|down [--k8s] [--profile FILE] [--name N] [--namespace NS]`.
+# Which cluster: `cluster up|status|down [--k8s] [--profile FILE] [--cluster NAME] [--namespace NS]`; `--name` is the
+# older spelling of `--cluster` (submit and jobs name the same RayCluster `--cluster`).
 cluster_options = with_options(
     click.option("--k8s", "k8s", is_flag=True, help="A KubeRay RayCluster instead of the local cluster."),
     click.option("--profile", "k8s_profile", type=click.Path(), metavar="FILE",
                  help="Cluster profile (cluster/local.yaml, cluster/k8s-example.yaml)."),
-    click.option("--name", "k8s_name", metavar="N", help="k8s: RayCluster name (default: the profile's, 'raytrain')."),
+    click.option("--cluster", "--name", "k8s_name", metavar="NAME",
+                 help="k8s: RayCluster name, as submit's --cluster (default: the profile's, 'raytrain')."),
     k8s_connection_options,
 )
 

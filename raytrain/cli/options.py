@@ -11,8 +11,8 @@ from raytrain.config.profile import load_profile
 
 _CLICK_TYPES = {int: click.INT, float: FINITE_FLOAT, bool: click.BOOL, "path": click.Path()}
 
-config_option = click.option(  # the profile itself: not an Options field
-    "--config", type=click.Path(), help="YAML/TOML profile with the same keys; flags win."
+config_option = click.option(  # the config file itself: not an Options field
+    "--config", type=click.Path(), help="YAML/TOML/JSON config file with the same keys; flags win."
 )
 
 
@@ -53,7 +53,7 @@ def submit_options(fn: Callable) -> Callable:
 
 
 def options_from_flags(job: str | None, job_args: tuple[str, ...], **flags: Any) -> Options:
-    """Flags over the --config profile; unset flags stay None so later layers can fill them."""
+    """Flags over the --config file; unset flags stay None so later layers can fill them."""
     profile = load_profile(flags["config"]) if flags.get("config") else Options()
     given: dict[str, Any] = {}
     for name, spec in SPECS.items():

@@ -32,7 +32,7 @@ def default_dashboard_port() -> int:
     return settings.get("RAYTRAIN_DASHBOARD_PORT")
 
 
-START_TIMEOUT_S = 180.0  # `ray start` takes ~15 s on 2 idle cores; far longer on a loaded machine
+START_TIMEOUT_S = 180.0  # `ray start` is slow on a small or loaded machine: room for it, still a bound
 LOOPBACK = "127.0.0.1"
 # Ray 2.60 rewrites --node-ip-address=127.0.0.1 to the machine's network address; this setting (its switch
 # for single-machine Ray on macOS/Windows) makes every Ray process of the node use 127.0.0.1 instead.

@@ -190,7 +190,7 @@ def terminate(pid: int, grace_s: float = 5.0) -> None:
     end whatever of its session outlived it (see ``reap_group``). Once a job has run on it, Ray 2.60's
     ``ray start --block`` heeds the SIGTERM only after about 30 s (not one of its processes had exited 24 s
     later): after ``grace_s`` every process of the session gets the SIGTERM itself (GCS, raylet, dashboard
-    and agents stop on it) and, 5 s later, SIGKILL; `cluster down` took 35 s instead of 5."""
+    and agents stop on it) and, 5 s later, SIGKILL: `cluster down` does not wait out Ray's 30 s."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -208,7 +208,7 @@ class Options:
     )
     tp_spec: str | None = option("JSON/YAML AutoTP layer_specs for a plain nn.Module.", type="path")
     activation_checkpointing: bool | None = option(
-        "Recompute activations in backward (ctx.checkpointed / pipeline layers).", switch=True, default=False
+        "Recompute activations in backward (ctx.activation_checkpointed / pipeline layers).", switch=True, default=False
     )
     script: bool | None = option(  # True: run the job file as a script (__main__); None: detect
         "Run JOB.py unchanged as __main__ on every worker, as the deepspeed launcher or torchrun would (script "

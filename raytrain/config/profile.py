@@ -1,4 +1,5 @@
-"""A ``--config`` profile (YAML/TOML/JSON): Options by their config-file keys."""
+"""A ``--config`` file (YAML/TOML/JSON): Options by their config-file keys. (A cluster *profile* is
+``cluster up --profile``'s file: raytrain.clusters.profiles.)"""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from raytrain.config.options import SPECS, Options
 from raytrain.config.profile_types import check_value
 from raytrain.errors import ConfigError
 
-# Path options (ds_config, tp_spec): a relative path in a profile is relative to the profile.
+# Path options (ds_config, tp_spec): a relative path in a config file is relative to the file.
 PATH_KEYS = tuple(name for name, spec in SPECS.items() if spec.type == "path")
 
 
@@ -29,7 +30,7 @@ def _read(p: Path, path: str | Path) -> Any:
 
 
 def load_profile(path: str | Path) -> Options:
-    """Read a ``--config`` profile (.yaml/.yml/.toml/.json) whose keys are Options fields."""
+    """Read a ``--config`` file (.yaml/.yml/.toml/.json) whose keys are Options fields."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config {path}: no such file", flag="--config")

@@ -1,4 +1,4 @@
-"""The type each ``--config`` profile key must have, from its declaration in raytrain.config.options.
+"""The type each ``--config`` file key must have, from its declaration in raytrain.config.options.
 
 YAML, TOML and JSON give typed values (``name: 123`` is a number, ``activation-checkpointing: "no"`` a
 string). A value of the wrong type is refused naming the file, the key, the value and what would work;
@@ -62,7 +62,7 @@ def _describe(value: Any) -> str:
 
 
 def _expected(name: str, key: str) -> str:
-    """What would work for ``key``, in the profile's own terms."""
+    """What would work for ``key``, in the config file's own terms."""
     spec, kinds = SPECS[name], ACCEPTED[name]
     if spec.choices:
         return f"one of {', '.join(map(str, spec.choices))}"
@@ -82,7 +82,7 @@ def _expected(name: str, key: str) -> str:
 
 
 def check_value(path: str, key: str, name: str, value: Any) -> None:
-    """Refuse a profile value whose type the option's declaration does not allow."""
+    """Refuse a config file value whose type the option's declaration does not allow."""
     kinds = ACCEPTED[name]
     ok = any(_is(value, kind) for kind in kinds)
     if ok and dict in kinds:

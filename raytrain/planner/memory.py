@@ -39,19 +39,18 @@ Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Tra
     worst stage still holds about ``L`` layers' worth: pp does not divide activations.
     With ``vocab`` known, the output layer adds ``s*b*V/t*(act_bytes + 12)``: the logits (which the training
     loop still holds), the fp32 log-probabilities the loss saves, and in the loss's backward its incoming
-    and outgoing fp32 gradients. Measured on an H200 (bench/gpu_mfu.py, a 355M GPT, vocab 50304, seq 1024,
-    micro-batch 16-64): 14.0 bytes per token and vocabulary entry in bf16, the backward of the loss being
-    the step's peak.
+    and outgoing fp32 gradients: 14.0 bytes per token and vocabulary entry in bf16, the backward of the loss
+    being the step's peak (calibrated with bench/gpu_mfu.py; docs/benchmarks.md).
 
 Buffers and overhead
     ``buffers``: DeepSpeed's gradient reduction bucket, ``min(5e8, P)`` elements of gradient dtype
     (``reduce_bucket_size`` default 5e8). It is allocated through torch, so it counts in
     ``torch.cuda.max_memory_allocated``.
     ``overhead``: what torch's allocator statistics never see: ``CUDA_CONTEXT_BYTES`` (2 GB: CUDA context,
-    cuBLAS workspace, NCCL buffers; 1.88 GiB measured on an H200 with torch 2.11 and one NCCL rank) plus
-    ``FRAGMENTATION`` (10 %; 15 % under ZeRO-3) of everything allocated: the caching allocator's reserve
-    above its peak allocation, measured at 4-11 % under ZeRO-1/2 (growing with the micro-batch's large logits
-    tensors) and 14 % under ZeRO-3, which gathers and frees every parameter in every step.
+    cuBLAS workspace, NCCL buffers) plus ``FRAGMENTATION`` (10 %; 15 % under ZeRO-3) of everything allocated:
+    the caching allocator's reserve above its peak allocation, which grows with the micro-batch's large logits
+    tensors and under ZeRO-3, which gathers and frees every parameter in every step (docs/benchmarks.md,
+    gpu_mfu.py).
 
 The peak (``allocated``)
     Not every byte above is live at once. The 16-bit gradients and DeepSpeed's fp32 gradient copy fill up
@@ -59,9 +58,8 @@ The peak (``allocated``)
     of the two phases: ``params + optimizer + buffers + working set + max(activations, grads + grad_fp32)``.
     With gradient accumulation (``grad_accum > 1``, or unknown) the 16-bit gradients are held across
     micro-batches and count in both phases; so they do under ZeRO-3, which allocates its gradient partition
-    once for the whole run. Measured on an H200 (one rank; ZeRO-1, 2 and 3; micro-batch 8-64; grad-accum 1,
-    2 and 4; sequence 512-2048; hidden 1024 and 2048): without accumulation the peak is in the loss's backward, before any gradient exists; the
-    estimate is 2-6 % above the measured peak, and the GPU total 1-12 % above NVML's.
+    once for the whole run. Without accumulation the peak is in the loss's backward, before any gradient
+    exists. The estimate errs a few percent high, never low (how close: docs/benchmarks.md, gpu_mfu.py).
 
 CPU memory per node
     Offloaded states for every GPU on the node, or the fp32 model each rank builds on CPU before DeepSpeed

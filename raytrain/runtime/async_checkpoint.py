@@ -39,7 +39,7 @@ BEFORE_WRITE: list[Callable[[int, int], None]] = []
 REGISTER_TIMEOUT_S = 30.0
 # How long rank 0 waits for the other ranks' files of a checkpoint whose own files are uploaded (they upload in
 # parallel with it; one that died mid-upload never arrives, and its group is then restarting)
-COMMIT_TIMEOUT_S = 600.0  # Ray Train's controller takes a report within a poll (raytrain.runtime.prompt_poll)
+COMMIT_TIMEOUT_S = 600.0  # Ray Train's controller takes a report within a poll (raytrain.ray_tuning.prompt_poll)
 
 
 def _is_tensor(obj: Any) -> bool:

@@ -207,13 +207,16 @@ class TrainContext:
         )
         return self.deepspeed(module, optimizer, lr=lr, **kwargs)
 
-    def checkpointed(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``, recomputed in backward when --activation-checkpointing is on (saves activations)."""
+    def activation_checkpointed(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, recomputed in backward when --activation-checkpointing is on (saves activations).
+        Activation checkpointing, not a training checkpoint (those are ``--checkpoint-every``)."""
         if not self.activation_checkpointing:
             return fn(*args)
         import torch.utils.checkpoint
 
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
+    checkpointed = activation_checkpointed  # the older name, kept for jobs that use it
 
     # -- data -------------------------------------------------------------------------------------
     def dataset(

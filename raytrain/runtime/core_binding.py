@@ -5,10 +5,8 @@ up on whichever core is free, its caches left behind) and lets every other proce
 the job's supervisor, driver and Train controller, each waking every 10 ms) push it aside on either core.
 Bound, each rank's training thread keeps its core, while the process's other threads (gloo's communication
 threads, Ray's) still run wherever a core is free. Binding the whole process instead (as DeepSpeed's
-launcher does with ``--bind_cores_to_rank``) makes gloo's threads wait for their own rank's training thread:
-in 6-s windows of one 2-worker job on a 2-core node, alternating, ZeRO-3 steps took 157 ms with the training
-threads bound, 174 ms unbound and 194 ms with the whole processes bound; ZeRO-1 62.1 against 64.3 ms
-(training threads against unbound).
+launcher does with ``--bind_cores_to_rank``) makes gloo's threads wait for their own rank's training thread,
+which costs more than leaving the threads unbound (figures: docs/benchmarks.md, "Code comments' figures").
 
 Threads and processes the training thread starts afterwards (torch's OpenMP threads, data loader workers)
 inherit its cores. Binding is safe only where nothing else is entitled to them: here only when the workers on

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 
 from raytrain import events, redact, settings, timings
 from raytrain.capacity import Node, capacity_problem
@@ -327,7 +328,40 @@ def watch_hangs(plan: Plan, run_name: str):
         return None, None
 
 
-def main() -> int:
+@dataclass(frozen=True)
+class Outcome:
+    """How the driver ends: its last word (an event, which the CLI and the run's record read) and its exit
+    status. ``ends_trackers``: how --track's runs end with it ("failed"), None where none has started."""
+
+    event: str
+    fields: dict
+    exit_code: int
+    ends_trackers: str | None = None
+
+
+def cannot_run(event: str, message: str) -> Outcome:
+    """The plan cannot run on this cluster (capacity, storage, resume point, workers that cannot connect)."""
+    return Outcome(event, {"message": message}, EXIT_CANNOT_RUN)
+
+
+def training_failed(kind: str, message: str, rank: int | None = None) -> Outcome:
+    return Outcome(events.ERROR, {"type": kind, "rank": rank, "message": message}, EXIT_TRAINING_FAILED, "failed")
+
+
+@dataclass
+class Job:
+    """What the phases learn, in order; each phase returns None to go on or the job's Outcome."""
+
+    plan: Plan
+    run_name: str
+    storage_nodes: int | None = None  # how many nodes were shown to share --storage (None: not checked)
+    resume_from: str | None = None
+    worker_env: dict = field(default_factory=dict)
+    feeders: dict = field(default_factory=dict)  # held until fit() returns: the workers read from them
+
+
+def connect() -> Job:
+    """Read the plan, start the run's record and connect to the cluster."""
     from raytrain import run_record, timings
     from raytrain.ray_tuning import prompt_poll
     from raytrain.runtime import early_imports
@@ -346,58 +380,75 @@ def main() -> int:
     # Ray's "Connecting to existing Ray cluster ..." lines only with `submit -v`.
     quiet = not settings.get("RAYTRAIN_VERBOSE")
     ray.init(log_to_driver=True, runtime_env=_pinned_address(), logging_level=logging.WARNING if quiet else logging.INFO)
-    scaling = plan.scaling
+    return Job(plan, run_name)
+
+
+def check_capacity(job: Job) -> Outcome | None:
+    scaling = job.plan.scaling
     problem = capacity_problem(
         scaling.num_workers, scaling.resources_per_worker, cluster_nodes(), scaling.min_workers
     )
-    if problem:
-        emit(events.CAPACITY, message=problem)
-        return EXIT_CANNOT_RUN
+    return cannot_run(events.CAPACITY, problem) if problem else None
 
-    storage = plan.storage
-    storage_nodes = None  # how many nodes were shown to share --storage (None: not checked)
-    if storage:
-        from raytrain.storage import is_uri, probe_visibility, storage_problem
 
-        if not is_uri(storage):
-            visibility = probe_visibility(storage, f".raytrain-storage-check-{run_name}")
-            storage_nodes = len(visibility)
-            problem = storage_problem(storage, visibility)
-            if problem:
-                emit(events.INVALID, message=problem)
-                return EXIT_CANNOT_RUN
+def check_storage(job: Job) -> Outcome | None:
+    """A --storage path must be one folder every node shares (a URI is the storage system's to check)."""
+    storage = job.plan.storage
+    if not storage:
+        return None
+    from raytrain.storage import is_uri, probe_visibility, storage_problem
 
-    resume_from = None
-    if plan.resume:
-        from raytrain.checkpoints.store import resolve_resume
-        from raytrain.errors import ConfigError
+    if is_uri(storage):
+        return None
+    visibility = probe_visibility(storage, f".raytrain-storage-check-{job.run_name}")
+    job.storage_nodes = len(visibility)
+    problem = storage_problem(storage, visibility)
+    return cannot_run(events.INVALID, problem) if problem else None
 
-        try:
-            resume_from = resolve_resume(plan.resume, plan.storage).path
-            run_record.inherit_trackers(resume_from, plan.storage, run_name, plan.mlflow_uri)  # the same tracker runs
-        except ConfigError as exc:
-            emit(events.INVALID, message=str(exc))
-            return EXIT_CANNOT_RUN
 
-    worker_env = early_imports.worker_runtime_env(
+def resolve_resume(job: Job) -> Outcome | None:
+    plan = job.plan
+    if not plan.resume:
+        return None
+    from raytrain import run_record
+    from raytrain.checkpoints.store import resolve_resume as resolve
+    from raytrain.errors import ConfigError
+
+    try:
+        job.resume_from = resolve(plan.resume, plan.storage).path
+        run_record.inherit_trackers(job.resume_from, plan.storage, job.run_name, plan.mlflow_uri)  # the same runs
+    except ConfigError as exc:  # no such checkpoint: the plan cannot run
+        return classify_failure(exc)
+    return None
+
+
+def load_data(job: Job) -> Outcome | None:
+    """Start the workers' processes ahead, then stream the datasets while they boot."""
+    from raytrain.runtime import early_imports
+
+    plan, scaling = job.plan, job.plan.scaling
+    job.worker_env = early_imports.worker_runtime_env(
         worker_imports(plan), scaling.use_gpu, scaling.resources_per_worker.get("CPU"), plan.env)
-    prestart_processes(plan, worker_env)
-    feeders, problem = load_datasets(plan)  # held until fit() returns: the workers read from them
-    if problem:
-        emit(events.ERROR, type="DataError", rank=None, message=problem)
-        return EXIT_TRAINING_FAILED
+    prestart_processes(plan, job.worker_env)
+    job.feeders, problem = load_datasets(plan)
+    return Outcome(events.ERROR, {"type": "DataError", "rank": None, "message": problem},
+                   EXIT_TRAINING_FAILED) if problem else None
 
+
+def build_trainer(job: Job):
+    """Ray Train's trainer with raytrain's backend; announces the start (the ``started`` event)."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     from raytrain.runtime import torch_backend
     from raytrain.runtime.worker import train_loop_per_worker
 
+    plan, scaling, run_name = job.plan, job.plan.scaling, job.run_name
     emit(
         events.STARTED,
         name=plan.name,
         run=run_name,
         storage=plan.storage,
-        storage_nodes=storage_nodes,
+        storage_nodes=job.storage_nodes,
         workers=scaling.workers_label if scaling.elastic else scaling.num_workers,
         use_gpu=scaling.use_gpu,
         zero=plan.zero,
@@ -405,14 +456,14 @@ def main() -> int:
         train_batch=plan.train_batch,
         tp=plan.parallel["tp"],
         pp=plan.parallel["pp"],
-        resume_from=resume_from,
-        checkpoint_mode=plan.checkpoint_mode,
+        resume_from=job.resume_from,
+        checkpoint_mode=job.plan.checkpoint_mode,
     )
-    trainer = torch_backend.trainer(
+    return torch_backend.trainer(
         train_loop_per_worker,
         # redacted: Ray Train keeps and shows its train_loop_config; the workers restore the user's values
         # from $RAYTRAIN_PLAN, which they inherit (raytrain.runtime.worker)
-        train_loop_config={"plan": redact.plan_dict(plan.to_dict()), "resume_from": resume_from, "run": run_name},
+        train_loop_config={"plan": redact.plan_dict(plan.to_dict()), "resume_from": job.resume_from, "run": run_name},
         backend_config_args={"timeout_s": float(plan.timeout_s), "interface": plan.interface},
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,
@@ -428,50 +479,83 @@ def main() -> int:
             callbacks=[restart_announcer(plan.max_failures)],
             # Ray Train logs every report at INFO; raytrain shows progress itself.
             logging_config=LoggingConfig(log_level=settings.get("RAYTRAIN_TRAIN_LOG_LEVEL")),
-            worker_runtime_env=worker_env,
+            worker_runtime_env=job.worker_env,
         ),
     )
+
+
+def fit(job: Job) -> Outcome:
+    """Train, watched (placement, SIGTERM, hangs): ``finished`` with the final metrics, or the failure's outcome."""
+    from raytrain.ray_tuning import prompt_poll
+
+    trainer = build_trainer(job)
     timings.emit("driver_ready")  # the trainer (and the torch import Ray's TorchTrainer makes) included
-    watch = watch_placement(plan)
-    record_when_stopped(plan, run_name)
-    board, dog = watch_hangs(plan, run_name)  # noqa: F841 (the board lives as long as this handle)
+    watch = watch_placement(job.plan)
+    record_when_stopped(job.plan, job.run_name)
+    board, dog = watch_hangs(job.plan, job.run_name)  # noqa: F841 (the board lives as long as this handle)
     if board is not None:
         BOARD.append(board)
     try:
-        with prompt_poll.installed(), rollback_policy(plan):  # the controller polls the workers when they ask
+        with prompt_poll.installed(), rollback_policy(job.plan):  # the controller polls the workers when they ask
             result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
-        cause, rank = _root_cause(exc)
-        if type(cause).__name__ == "PreflightError":  # the workers cannot connect: a setup error, not a crash
-            emit(events.INVALID, message=str(cause))
-            return EXIT_CANNOT_RUN
-        if rank is None or settings.get("RAYTRAIN_VERBOSE"):  # a worker's: it printed it (runtime.worker_errors)
-            traceback.print_exc()
-        message = _one_line(cause)
-        if dog is not None and dog.summary:  # a reported hang ended in this failure (e.g. the collective timeout)
-            message = f"{message}; after a hang: {'; '.join(dog.summary)}"
-        from raytrain.runtime.worker_errors import shipped_traceback
-
-        failures = getattr(exc, "worker_failures", None) or {}
-        # the failing rank's traceback as the worker sent it: its log may not have reached the storage yet
-        shipped = shipped_traceback(failures[rank]) if rank in failures else None
-        emit(events.ERROR, type=type(cause).__name__, rank=rank, message=message,
-             **({"traceback": shipped} if shipped else {}))
-        end_trackers(plan, run_name, "failed")
-        return EXIT_TRAINING_FAILED
+        return classify_failure(exc, dog.summary if dog is not None else None)
     finally:
         watch.stopped.set()
         if dog is not None:
             dog.stopped.set()
     checkpoint = getattr(result, "checkpoint", None)
-    emit(
-        events.FINISHED,
-        time=round(time.time(), 3),
-        metrics=result.metrics,
-        path=getattr(result, "path", None),
-        checkpoint=getattr(checkpoint, "path", None),
-    )
-    return 0
+    return Outcome(events.FINISHED, {"time": round(time.time(), 3), "metrics": result.metrics, "path": getattr(result, "path", None),
+                                     "checkpoint": getattr(checkpoint, "path", None)}, 0)
+
+
+def classify_failure(exc: BaseException, hang_summary: list[str] | None = None) -> Outcome:
+    """The one place a failure becomes an outcome, by the type of its root cause: a setup the plan cannot run
+    with (workers that cannot connect, a resume point that is not there) exits 3 with an ``invalid`` event;
+    any other exception is the training's failure (exit 1), named by its type and the rank that raised it.
+    ``hang_summary``: where every rank was when a reported hang ended in this failure."""
+    from raytrain.errors import ConfigError
+    from raytrain.runtime.preflight import PreflightError
+
+    if isinstance(exc, ConfigError):  # raytrain's own refusal (e.g. --resume): its message, whatever caused it
+        return cannot_run(events.INVALID, str(exc))
+    cause, rank = _root_cause(exc)
+    if isinstance(cause, (PreflightError, ConfigError)):
+        return cannot_run(events.INVALID, str(cause))
+    if rank is None or settings.get("RAYTRAIN_VERBOSE"):  # a worker's: it printed it (runtime.worker_errors)
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    message = _one_line(cause)
+    if hang_summary:  # a reported hang ended in this failure (e.g. the collective timeout)
+        message = f"{message}; after a hang: {'; '.join(hang_summary)}"
+    from raytrain.runtime.worker_errors import shipped_traceback
+
+    failures = getattr(exc, "worker_failures", None) or {}
+    # the failing rank's traceback as the worker sent it: its log may not have reached the storage yet
+    shipped = shipped_traceback(failures[rank]) if rank in failures else None
+    outcome = training_failed(type(cause).__name__, message, rank)
+    if shipped:
+        outcome.fields["traceback"] = shipped
+    return outcome
+
+
+def finish(job: Job, outcome: Outcome) -> int:
+    """The driver's last word, then --track's runs end as the job did."""
+    emit(outcome.event, **outcome.fields)
+    if outcome.ends_trackers:
+        end_trackers(job.plan, job.run_name, outcome.ends_trackers)
+    return outcome.exit_code
+
+
+PHASES = (check_capacity, check_storage, resolve_resume, load_data, fit)
+
+
+def main() -> int:
+    job = connect()
+    for phase in PHASES:
+        outcome = phase(job)
+        if outcome is not None:
+            break
+    return finish(job, outcome)
 
 
 def run_from_job_code() -> int:

@@ -8,8 +8,8 @@ import sys
 def exit_without_finalizing(code: int) -> None:
     """End the process as a normal exit would (non-daemon threads joined, every atexit handler run: Ray's
     shutdown, logging's flush, output flushed), then skip the interpreter's finalization: with Ray loaded,
-    tearing down its modules and C++ objects took 2.4 s on 2 cores after everything was said and done, and a
-    Ray job is not SUCCEEDED, nor does `submit` return, until its driver process is gone."""
+    tearing down its modules and C++ objects takes seconds after everything is said and done, and a Ray job
+    is not SUCCEEDED, nor does `submit` return, until its driver process is gone."""
     import atexit
     import threading
 

@@ -15,7 +15,9 @@ import sys
 import traceback
 from types import FrameType
 
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # raytrain/
+import raytrain
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(raytrain.__file__))  # raytrain/, wherever this module sits in it
 
 
 def _launcher_frame(frame: FrameType) -> bool:

@@ -84,10 +84,8 @@ def tuning_env_vars() -> dict[str, str]:
 # - GLIBC_TUNABLES, for glibc's malloc where jemalloc is not there (or turned off): tensors up to 32 MB come
 #   from the allocator's heaps instead of fresh mmaps, and freed memory stays in the process for the next step
 #   (up to 256 MB at the top of a heap, 64 MB of padding) instead of going back to the kernel and being faulted
-#   in again. With glibc's defaults each rank of a 2-worker ZeRO-1 job took ~25,000 page faults a second (7,700
-#   with these) and stepped ~7 % slower than the same job under torchrun; with these 1.01-1.03. Why the
-#   defaults cost Ray's worker more than torchrun's, whose ranks fault as often, is not established (Ray Train
-#   runs the job in a thread of the worker, which allocates from a thread arena; torchrun in the main thread).
+#   in again: with glibc's defaults a rank page-faults several times as often and steps slower than the same
+#   job under torchrun (figures: docs/benchmarks.md, overhead.py).
 #   Ignored where the C library is not glibc.
 # `--env RAYTRAIN_CPU_ALLOCATOR=glibc` keeps glibc's malloc; `--env GLIBC_TUNABLES=` (empty) its defaults.
 CPU_ALLOCATOR_ENV_VARS = {
@@ -97,8 +95,8 @@ CPU_ALLOCATOR_ENV_VARS = {
 
 
 def allocator_env_vars(plan: Plan, *, jemalloc: bool = True) -> dict[str, str]:
-    """The allocator settings for ``plan``'s job where its workers train on CPU (the only place they were
-    measured; none for GPU workers): CPU_ALLOCATOR_ENV_VARS and, with ``jemalloc`` (the target's nodes may be
+    """The allocator settings for ``plan``'s job where its workers train on CPU (the only place they are
+    known to help; none for GPU workers): CPU_ALLOCATOR_ENV_VARS and, with ``jemalloc`` (the target's nodes may be
     raytrain's), RAYTRAIN_CPU_ALLOCATOR=jemalloc."""
     if plan.scaling.use_gpu:
         return {}

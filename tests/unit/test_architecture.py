@@ -161,6 +161,32 @@ def test_functions_in_config_targets_clusters_stay_short_or_say_why():
     assert long == [], "functions over 60 lines need a '# long: reason' comment next to the def"
 
 
+HARD_LIMIT = 80
+
+
+def long_functions(root: Path, limit: int) -> list[str]:
+    long = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    long.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({length} lines)")
+    return long
+
+
+def test_no_function_in_the_package_is_over_80_lines():
+    """Not even with a '# long:' reason: a function that long is several steps, each worth a name."""
+    assert long_functions(PKG, HARD_LIMIT) == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("def f():\n" + "    x = 1\n" * 80 + "\n\ndef g():\n    pass\n")
+    assert long_functions(pkg, HARD_LIMIT) == ["pkg/m.py:1 f (81 lines)"]
+
+
 def test_only_the_worker_runtime_imports_deepspeed():
     importers = sorted(
         str(path.relative_to(ROOT)) for path in PKG.rglob("*.py")

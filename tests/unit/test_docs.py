@@ -153,3 +153,48 @@ def test_every_docs_page_has_one_title():
 def test_the_readme_security_section_points_at_the_whole_model():
     sec = section(README.read_text(), "Security")
     assert "(docs/security.md)" in sec and "(k8s/README.md)" in sec
+
+
+# Work-log wording in the code's comments and docstrings: a comment says why, in a line or two, and points to
+# docs/benchmarks.md for the figures. (Not "session" alone: a process session is a thing the code manages.)
+CODE_LOG = re.compile(
+    r"\bmeasured (on|at|in|with|by|against)\b|\b(we|I) (measured|tried|ran)\b|\bsessions? \d+\b|\bthis session\b"
+    r"|\b20[2-9]\d-[01]\d\b",
+    re.IGNORECASE,
+)
+
+
+def comments_and_docstrings(path):
+    """(line, text) of every comment and docstring of a Python file."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                yield node.body[0].lineno, doc
+
+
+def work_log_in_code(root) -> list[str]:
+    return [f"{path.relative_to(root.parent)}:{line}: {match.group(0)!r}"
+            for path in sorted(root.rglob("*.py")) for line, text in comments_and_docstrings(path)
+            for match in CODE_LOG.finditer(text)]
+
+
+def test_no_work_log_wording_in_code_comments_or_the_readme():
+    assert work_log_in_code(ROOT / "raytrain") == [], "say why in the code; the figures go in docs/benchmarks.md"
+    found = sorted({m.group(0) for m in CODE_LOG.finditer(README.read_text())})
+    assert not found, f"README.md reads like a work log: {found}"
+
+
+def test_the_code_work_log_check_sees_a_dated_measurement(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text('"""Fast."""\n# steps took 62 ms, measured on 2026-12-05 (session 7)\nX = 1\n')
+    assert work_log_in_code(pkg) == ["pkg/m.py:2: 'measured on'", "pkg/m.py:2: '2026-12'", "pkg/m.py:2: 'session 7'"]

@@ -31,7 +31,7 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    """The layers in order; each block through ``ctx.checkpointed`` (recomputed in backward under
+    """The layers in order; each block through ``ctx.activation_checkpointed`` (recomputed in backward under
     --activation-checkpointing)."""
 
     def __init__(self, parts, checkpointed):
@@ -117,7 +117,7 @@ def train(ctx):
             chunks = [(probe[0][i:i + m].to(ctx.dtype), probe[1][i:i + m]) for i in range(0, len(probe[0]), m)]
             return float(engine.eval_batch(iter(chunks)))  # the mean over equal chunks: the probe's mean
     else:
-        engine = ctx.deepspeed(Net(layers(), ctx.checkpointed), optimizer=sgd)
+        engine = ctx.deepspeed(Net(layers(), ctx.activation_checkpointed), optimizer=sgd)
 
         def train_step(step):
             return data_parallel_step(ctx, engine, micro_batches(ctx, step))
