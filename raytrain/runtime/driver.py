@@ -364,7 +364,6 @@ def connect() -> Job:
     """Read the plan, start the run's record and connect to the cluster."""
     from raytrain import run_record, timings
     from raytrain.ray_tuning import prompt_poll
-    from raytrain.runtime import early_imports
 
     plan = read_plan()
     prompt_poll.configure_driver_env()  # before Ray Train's controller env is derived (prestart, fit)
