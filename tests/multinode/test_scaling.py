@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import JOBS
+from tests.conftest import JOBS, ROOT
 
 pytestmark = pytest.mark.multinode
 
@@ -152,3 +152,46 @@ def test_elastic_job_continues_on_one_worker_when_a_node_is_lost(two_nodes, requ
     ref_facts = cli.facts(json.loads(ref.stdout)["id"])
     assert ref_facts.metrics[-1]["loss"] == facts.metrics[-1]["loss"]
     assert torch.equal(torch.load(probe)["output"], torch.load(ref_probe)["output"])
+
+
+DATA_JOB = ROOT / "tests" / "e2e" / "jobs" / "data_ids.py"  # the data tests' job: the plain `for batch in ctx.dataset("train")`
+
+
+def test_an_elastic_data_job_sees_every_id_once_in_the_epoch_when_a_node_is_lost(two_nodes, request):
+    """`--workers 1-2` reading `--data`: node 2 is killed after step 4's checkpoint (the job waits there for it, in
+    collectives), the group continues on 1 worker from that checkpoint, and the rest of the epoch is re-split
+    over the one rank: every id of the epoch exactly once (steps 1-4 of the first group, 5-12 of the second)."""
+    from tests.e2e.test_data import ids_by_step, tagged
+
+    request.addfinalizer(lambda: two_nodes.node2_alive() or two_nodes.start_node2())
+    cli, shared = two_nodes.cli, two_nodes.shared_dir
+    rows, steps = 48, 12  # one epoch of a global batch of 4
+    data = shared / "ids.jsonl"  # both nodes read it
+    data.write_text("".join(json.dumps({"id": i, "x": [0.01 * ((i * 7 + k) % 13) for k in range(8)], "y": i % 5}) + "\n"
+                            for i in range(rows)))
+    proc = cli("submit", DATA_JOB, "--workers", "1-2", "--placement", "spread", "--storage", shared,
+               "--zero", "0", "--micro-batch", "2", "--train-batch", "4", "--checkpoint-every", "2",
+               "--data", f"train={data}", "--no-wait", "--json", "--", "--steps", steps, "--pause-at-step", "4",
+               check=True)
+    job_id = json.loads(proc.stdout)["id"]
+    request.addfinalizer(lambda: cli("jobs", "stop", job_id))
+    facts = _wait_for_checkpoint(cli, job_id, 4)
+    assert len({w["ip"] for w in facts.preflight["workers"]}) == 2  # it started on both nodes
+    two_nodes.kill_node2()
+    killed = time.monotonic()  # then: the node's death noticed, the group restarted on 1 worker, 8 steps
+    while (state := cli.json("jobs", "status", job_id)["state"]) not in ("succeeded", "failed", "stopped"):
+        assert time.monotonic() < killed + 420, f"the job is still {state} 420 s after node 2 was killed"
+        time.sleep(2)
+    print(f"\nelastic data: job finished {time.monotonic() - killed:.0f} s after node 2 was killed")
+    log = cli("jobs", "logs", job_id, check=True).stdout
+    assert state == "succeeded", log[-4000:]
+    facts = cli.facts(job_id)
+    assert facts.restarts >= 1 and facts.resized[-1]["workers"] == 1, facts.resized
+    restored = [int(s) for s in re.findall(r"restored step (\d+) from", log)]
+    assert restored and restored[-1] == 4, log[-3000:]
+    events = tagged(log, "ids")
+    before, after = ids_by_step(events, resumed=False), ids_by_step(events, resumed=True)
+    assert sorted(after) == list(range(5, steps + 1)) and {e["rank"] for e in events if e["resumed"]} == {0}
+    assert all(len(before[s]) == 4 for s in range(1, 5)) and all(len(after[s]) == 4 for s in after)
+    epoch = sorted([i for s in range(1, 5) for i in before[s]] + [i for s in after for i in after[s]])
+    assert epoch == list(range(rows))  # every id exactly once in the epoch

@@ -6,12 +6,16 @@ The end writes ``@@params {"sha": ...}``, a hash of the final parameters' bytes 
 ``--formats a,b,...``: first read one batch of each named dataset and write ``@@format`` with its columns.
 ``--fail-once-at-step N``: rank 1 dies after step N unless the run was restored.
 ``--stuck``: the preprocess asks for a resource no node has (its Ray Data tasks never run).
+``--pause-at-step N``: after step N (its checkpoint reported), unless the run was restored, every rank waits in
+collectives (one a second, as training would) until one fails because the test killed a peer's node (the
+elastic test), at most 600 s.
 """
 import argparse
 import hashlib
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +24,16 @@ import torch.nn.functional as F
 def out(tag, **data):
     sys.stdout.write(f"@@{tag} {json.dumps(data)}\n")
     sys.stdout.flush()
+
+
+def pause_in_collectives(limit_s=600):
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        dist.all_reduce(torch.zeros(1))  # raises once a peer is gone
+        time.sleep(1)
+    raise RuntimeError(f"--pause-at-step: no peer was lost within {limit_s} s")
 
 
 def check_formats(ctx, names):
@@ -44,6 +58,7 @@ def train(ctx):
     p.add_argument("--fail-once-at-step", type=int, default=0)
     p.add_argument("--formats", default="")
     p.add_argument("--stuck", action="store_true")
+    p.add_argument("--pause-at-step", type=int, default=0)
     args = p.parse_args(ctx.args)
     if args.formats:
         check_formats(ctx, args.formats.split(","))
@@ -68,6 +83,8 @@ def train(ctx):
             ctx.report({"loss": loss.item(), "step": step})
             if args.fail_once_at_step == step and not resumed and ctx.rank == min(1, ctx.world_size - 1):
                 os._exit(1)  # a real process death
+            if args.pause_at_step == step and not resumed:
+                pause_in_collectives()
             if step == args.steps:
                 break
     digest = hashlib.sha1()
