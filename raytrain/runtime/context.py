@@ -300,6 +300,10 @@ class TrainContext:
             return
         if self.plan.rollback_after > 0 and self.plan.data:
             for entry in rollback.ledger() or []:  # earlier worker groups' rollbacks in this job
+                if entry.get("dp", self.dp_size) != self.dp_size:  # dropped unevenly, ranks would leave lockstep
+                    self.log(f"raytrain: the rows of the rollback at step {entry.get('step')} are read again: "
+                             f"{entry.get('dp')} data-parallel ranks read them, {self.dp_size} read on")
+                    continue
                 rollback.merge_rows(self._skip_rows, entry.get("rows") or {})
             for loader in self._loaders:  # datasets opened before the engine
                 loader.set_drop(_epochs(self._skip_rows.get(getattr(loader, "name", ""))))
@@ -338,7 +342,7 @@ class TrainContext:
         message = (f"rollback {count + 1} of at most {self.plan.max_rollbacks}: {steps} (last: {last}); back to "
                    f"{to}, skipping {n} row{'s' if n != 1 else ''}" + (" of the data" if n else ""))
         entry = {"step": bad[-1]["step"], "steps": [b["step"] for b in bad], "to_step": saved or 0,
-                 "rows": rows, "message": message}
+                 "rows": rows, "message": message, "dp": self.dp_size}
         kept = True
         if self.is_main:
             kept = rollback.note(entry)
