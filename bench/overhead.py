@@ -31,7 +31,9 @@ timing (every collective's wait timed) and a beat thread running the straggler r
 process (in a raytrain job the board and the watchdog live in other processes): side B twice, guards on vs off
 (``BARE_RUNNER_NO_GUARD=1``, a switch of this benchmark's runner, not of raytrain; in raytrain
 ``--hang-timeout 0`` turns the watchdog and the timing off, the non-finite guard has no off switch),
-alternating, no Ray cluster; goal on/off <= 1.01.
+alternating, no Ray cluster; goal on/off <= 1.01. ``--guards-ab --same-processes``: the same A/B inside the
+same two processes (bench/guards_inproc.py: an engine with every guard and one without, rounds of
+``--inproc-steps`` alternating), which keeps load that drifts between runs out of the ratio.
 
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
