@@ -57,6 +57,9 @@ SUBPACKAGES = {
                    "resize": "resize",
                    "memory_estimate": "memory_estimate",
                    "imports": "deepspeed_imports",
+                   "collective_time": "collective_time",
+                   "preemption": "preemption",
+                   "rollback": "rollback",
                }),
     "datasets": ("``--data``: the driver reads and preprocesses each dataset (source), a feeder streams it (feed), "
              "each rank iterates its share (batches: ``ctx.dataset``).", {
@@ -70,6 +73,7 @@ SUBPACKAGES = {
                        "checkpoint": "files",
                        "checkpointer": "lifecycle",
                        "hf_checkpoints": "hf_trainer",
+                       "async_checkpoint": "async_save",
                    }),
     "hf": ("Hugging Face on a worker: models in ``train(ctx)`` jobs, a Trainer script's progress, rebuilding a "
            "model from its description.", {
