@@ -419,8 +419,9 @@ class TrainContext:
         if self.is_main:
             stall = {"step": int(metrics["step"]), "stall_s": round(self.last_save_s, 4), "time": round(time.time(), 3)}
             events.emit(events.CHECKPOINT_STALL, **stall)
-            if self._reporter.goodput is not None:
-                self._reporter.goodput.add({"event": events.CHECKPOINT_STALL, **stall})
+            feed = getattr(getattr(self, "_reporter", None), "goodput", None)  # rank 0 with --track
+            if feed is not None:
+                feed.add({"event": events.CHECKPOINT_STALL, **stall})
 
     def finish(self) -> None:
         """After train(ctx) returns: a final checkpoint if checkpointing is on and the last step has none;

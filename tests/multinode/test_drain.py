@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import JOBS
-from tests.e2e.test_checkpoints import assert_same_weights
 
 pytestmark = pytest.mark.multinode
 
@@ -75,7 +74,24 @@ def test_a_drained_node_commits_the_step_in_progress_and_the_run_resumes_from_it
     assert facts.checkpoints == [6, 10], facts.checkpoints
     steps = [m["step"] for m in facts.metrics]
     assert sorted(set(steps)) == list(range(1, 11)) and len(steps) - len(set(steps)) <= 1, steps
-    assert_same_weights(cli, info["id"], base["id"], tmp_path)
+    assert_same_weights(cli, shared, info["id"], base["id"], tmp_path)
+
+
+def assert_same_weights(cli, storage, run, base_run, tmp_path):
+    """Both runs' last checkpoints, exported (the fp32 weights), equal to the rounding tests/e2e's
+    test_checkpoints.py explains (a restore that lost state moves most weights by 1e-3)."""
+    import torch
+
+    exported = []
+    for job in (run, base_run):
+        out = tmp_path / f"{job}.pt"
+        done = cli("export", job, "--storage", storage, "--out", out, "--json", check=True)
+        assert json.loads(done.stdout)["step"] == 10
+        exported.append(torch.load(out))
+    mine, theirs = exported
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=2e-4, msg=key)
 
 
 def _read(path):
