@@ -1,4 +1,4 @@
-"""Ray's dashboard as raytrain's local head runs it: ``python -m raytrain.clusters.ray_dashboard ARGS`` does
+"""Ray's dashboard as raytrain's local head runs it: ``python -m raytrain.ray_tuning.ray_dashboard ARGS`` does
 what ``python .../ray/dashboard/dashboard.py ARGS`` does, with two of its one-second polls made slower.
 
 Ray's dashboard runs each API module in a process of its own; every second the dashboard health-checks each

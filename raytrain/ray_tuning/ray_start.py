@@ -1,7 +1,7 @@
 """``ray start`` as raytrain runs it: Ray's own command line, with the dashboard loading only the modules a
 raytrain-run node uses.
 
-    python -m raytrain.clusters.ray_start start --head --block ...      # what `ray start ...` would do
+    python -m raytrain.ray_tuning.ray_start start --head --block ...      # what `ray start ...` would do
 
 Ray's dashboard runs each of its nine API modules in a process of its own and health-checks every one
 each second, whether or not anything ever calls it; ``ray start`` has no flag to choose them (it passes

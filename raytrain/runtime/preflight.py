@@ -43,7 +43,7 @@ def source_address(dest: str) -> str | None:
 
 def allocator() -> str:
     """The malloc this process runs with: "jemalloc" where a libjemalloc is mapped (preloaded: raytrain's CPU
-    workers on its own nodes, raytrain.clusters.ray_setup_worker), else "default" (the C library's)."""
+    workers on its own nodes, raytrain.ray_tuning.ray_setup_worker), else "default" (the C library's)."""
     try:
         with open("/proc/self/maps") as f:
             return "jemalloc" if "libjemalloc" in f.read() else "default"

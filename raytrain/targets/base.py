@@ -78,7 +78,7 @@ def tuning_env_vars() -> dict[str, str]:
 
 # The allocator of a job whose workers train on CPU.
 # - RAYTRAIN_CPU_ALLOCATOR=jemalloc: on nodes raytrain starts (`cluster up`, `cluster join`), each of the job's
-#   processes starts with the jemalloc Ray ships for its raylet preloaded (raytrain.clusters.ray_setup_worker).
+#   processes starts with the jemalloc Ray ships for its raylet preloaded (raytrain.ray_tuning.ray_setup_worker).
 #   A 2-worker ZeRO-1 job's steps were 14 % shorter with it, ZeRO-3's 6 % (docs/benchmarks.md). Kubernetes pods start
 #   Ray from their image, where nothing reads the variable, so those targets leave it out (jemalloc=False).
 # - GLIBC_TUNABLES, for glibc's malloc where jemalloc is not there (or turned off): tensors up to 32 MB come

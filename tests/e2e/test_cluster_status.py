@@ -104,7 +104,7 @@ def test_the_local_dashboard_serves_what_raytrain_uses_and_not_the_modules_it_le
     # the raylet starts its workers through raytrain's setup step (no second Ray import per worker process),
     # up to four at once (raytrain.ray_tuning.ray_setup_worker, ray_start); the jobs the suite runs use it
     raylet = next(c for c in commands if "/raylet/raylet " in c)
-    assert "clusters/ray_setup_worker.py " in raylet and "--maximum_startup_concurrency=4 " in raylet, raylet
+    assert "ray_tuning/ray_setup_worker.py " in raylet and "--maximum_startup_concurrency=4 " in raylet, raylet
     assert "--num_prestart_python_workers=0 " in raylet, raylet
 
 
