@@ -2,8 +2,9 @@
 them. The contract test (tests/unit/test_ray_tuning_contracts.py) checks each one still exists."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # where Ray Train logs a train function's error ("Error in training function:"); raytrain prints it itself
 RAY_TRAIN_ERROR_LOGGER = "ray.train.v2._internal.util"
@@ -45,3 +46,48 @@ def address_and_port() -> tuple[str, int]:
         s.bind(("", 0))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         return addr, s.getsockname()[1]
+
+
+def draining_nodes() -> dict[str, int] | None:
+    """The nodes the GCS lists as draining, node id -> deadline in ms since the epoch (0: none given); None
+    where this Ray has no such call (a preemption notice then comes only from SIGTERM or a preStop file)."""
+    try:
+        import ray._private.state as state
+    except ImportError:
+        return None
+    get = getattr(getattr(state, "state", None), "get_draining_nodes", None)
+    return None if get is None else dict(get())
+
+
+def report_indices() -> tuple[int, int] | None:
+    """(the index of this worker's latest ``ray.train.report`` call, the index its upload thread has put on
+    the result queue) from Ray Train v2's train context; None where this Ray does not keep them."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        ctx = get_train_context()
+        return int(ctx.report_call_index), int(ctx.current_report_index)
+    except Exception:  # noqa: BLE001 (another Ray, or not in a Ray Train worker)
+        return None
+
+
+@contextlib.contextmanager
+def failure_policy(create: Callable[[Any, Any, Any], Any]) -> Iterator[bool]:
+    """Inside the block Ray Train's trainers create their failure policy with ``create(failure_config,
+    DefaultFailurePolicy, FailureDecision)``; yields False (and changes nothing) where this Ray has no such
+    factory, so the caller can say what that costs."""
+    try:
+        import ray.train.v2.api.data_parallel_trainer as dpt
+        from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
+    except ImportError:
+        yield False
+        return
+    original = getattr(dpt, "create_failure_policy", None)
+    if original is None:
+        yield False
+        return
+    dpt.create_failure_policy = lambda config: create(config, DefaultFailurePolicy, FailureDecision)
+    try:
+        yield True
+    finally:
+        dpt.create_failure_policy = original

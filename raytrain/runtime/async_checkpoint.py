@@ -385,21 +385,17 @@ def _round(value: float | None) -> float | None:
 
 def _report_index() -> int | None:
     """The index of the report just made (Ray Train v2's train context), or None on another version."""
-    try:
-        from ray.train.v2._internal.execution.context import get_train_context
+    from raytrain.ray_tuning.ray_access import report_indices
 
-        return int(get_train_context().report_call_index)
-    except Exception:
-        return None
+    indices = report_indices()
+    return None if indices is None else indices[0]
 
 
 def _reported(index: int | None) -> bool:
     """Ray's upload thread put report ``index`` on the worker's result queue (after its upload)."""
     if index is None:
         return True
-    try:
-        from ray.train.v2._internal.execution.context import get_train_context
+    from raytrain.ray_tuning.ray_access import report_indices
 
-        return int(get_train_context().current_report_index) >= index
-    except Exception:
-        return True
+    indices = report_indices()
+    return True if indices is None else indices[1] >= index

@@ -104,9 +104,9 @@ def install() -> bool:
 
 def draining_deadline(node_id: str) -> tuple[bool, float | None]:
     """(whether the GCS lists ``node_id`` as draining, its deadline in seconds since the epoch or None)."""
-    import ray._private.state
+    from raytrain.ray_tuning.ray_access import draining_nodes
 
-    nodes = ray._private.state.state.get_draining_nodes()
+    nodes = draining_nodes() or {}
     if node_id not in nodes:
         return False, None
     deadline_ms = int(nodes[node_id] or 0)

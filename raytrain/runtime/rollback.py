@@ -13,6 +13,7 @@ drop the bad steps' rows where ``ctx.dataset`` comes to them again (runtime.data
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Iterator
 
 CALL_TIMEOUT_S = 10.0
@@ -103,22 +104,21 @@ def group_kind(error: BaseException) -> str | None:
 
 
 def failure_policy(max_rollbacks: int):
-    """``create_failure_policy`` for Ray Train: its default policy, but a rollback is retried without counting
-    toward ``max_failures`` (at most ``max_rollbacks`` times) and a RollbackLimit is raised."""
+    """A failure policy factory for Ray Train (raytrain.ray_tuning.ray_access.failure_policy): its default
+    policy, but a rollback is retried without counting toward ``max_failures`` (at most ``max_rollbacks``
+    times) and a RollbackLimit is raised."""
 
-    def create(failure_config: Any) -> Any:
-        from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
-
-        class RollbackPolicy(DefaultFailurePolicy):
+    def create(failure_config: Any, default_policy: Any, decision: Any) -> Any:
+        class RollbackPolicy(default_policy):
             rollbacks = 0
 
             def make_decision(self, training_failed_error: Any) -> Any:
                 kind = group_kind(training_failed_error)
                 if kind == "Rollback" and self.rollbacks < max_rollbacks:
                     self.rollbacks += 1
-                    return FailureDecision.RETRY
+                    return decision.RETRY
                 if kind is not None:
-                    return FailureDecision.RAISE
+                    return decision.RAISE
                 return super().make_decision(training_failed_error)
 
         return RollbackPolicy(failure_config)
@@ -128,18 +128,12 @@ def failure_policy(max_rollbacks: int):
 
 @contextlib.contextmanager
 def installed(max_rollbacks: int) -> Iterator[None]:
-    """Ray Train's trainers create their failure policy with ours inside the block (the driver's ``fit()``)."""
-    try:
-        import ray.train.v2.api.data_parallel_trainer as dpt
-    except ImportError:  # another Ray: its own policy (a rollback then counts as a failure)
+    """Ray Train's trainers create their failure policy with ours inside the block (the driver's ``fit()``);
+    on a Ray without that factory a rollback counts as a failure toward --max-failures, and the driver says so."""
+    from raytrain.ray_tuning.ray_access import failure_policy as ray_failure_policy
+
+    with ray_failure_policy(failure_policy(max_rollbacks)) as ours:
+        if not ours:
+            print("raytrain: this Ray's Train has no failure-policy factory: a rollback counts toward "
+                  "--max-failures", file=sys.stderr, flush=True)
         yield
-        return
-    original = getattr(dpt, "create_failure_policy", None)
-    if original is None:
-        yield
-        return
-    dpt.create_failure_policy = failure_policy(max_rollbacks)
-    try:
-        yield
-    finally:
-        dpt.create_failure_policy = original

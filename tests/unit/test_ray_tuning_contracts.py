@@ -199,6 +199,18 @@ def test_what_the_tuning_relies_on_is_still_in_the_installed_ray(name, monkeypat
 def test_the_necessary_accesses_still_exist():
     from raytrain.ray_tuning import ray_access
 
+    # preemption notices from a node drain; async checkpoints' report indices; rollbacks' failure policy
+    state = attr("ray._private.state")
+    assert callable(getattr(state.state, "get_draining_nodes", None)), "preemption: GCS draining nodes"
+    context = attr("ray.train.v2._internal.execution.context")
+    assert callable(getattr(context, "get_train_context", None)), "async checkpoints: Ray Train's train context"
+    for field_name in ("report_call_index", "current_report_index"):
+        assert field_name in inspect.getsource(context), f"async checkpoints: TrainContext.{field_name}"
+    assert callable(getattr(attr("ray.train.v2.api.data_parallel_trainer"), "create_failure_policy", None)), \
+        "rollback: Ray Train's failure-policy factory"
+    policy = attr("ray.train.v2._internal.execution.failure_handling")
+    assert hasattr(policy, "DefaultFailurePolicy") and hasattr(policy.FailureDecision, "RETRY"), "rollback policy"
+
     assert ray_access.ray_train_error_logger() == ray_access.RAY_TRAIN_ERROR_LOGGER
     assert "Error in training function" in inspect.getsource(attr(ray_access.RAY_TRAIN_ERROR_LOGGER))
     for name in ray_access.NOISY_CLIENT_LOGGERS:

@@ -203,19 +203,27 @@ def group_error(**failures):
     return WorkerGroupError("workers failed", {int(r[1:]): exc for r, exc in failures.items()})
 
 
+def policy_of(max_rollbacks, config):
+    """The policy Ray Train creates inside rollback.installed (through ray_tuning.ray_access)."""
+    import ray.train.v2.api.data_parallel_trainer as dpt
+
+    with rollback.installed(max_rollbacks):
+        return dpt.create_failure_policy(config)
+
+
 def test_a_rollback_is_retried_without_counting_a_failure_and_capped():
     from ray.train import FailureConfig
     from ray.train.v2._internal.execution.failure_handling import FailureDecision
 
-    policy = rollback.failure_policy(2)(FailureConfig(max_failures=0))
+    policy = policy_of(2, FailureConfig(max_failures=0))
     back = group_error(r0=rollback.Rollback("rollback 1"), r1=rollback.Rollback("rollback 1"))
     assert policy.make_decision(back) == FailureDecision.RETRY
     assert policy.make_decision(back) == FailureDecision.RETRY
     assert policy.make_decision(back) == FailureDecision.RAISE  # the policy's own cap, past --max-rollbacks
-    policy = rollback.failure_policy(2)(FailureConfig(max_failures=0))
+    policy = policy_of(2, FailureConfig(max_failures=0))
     assert policy.make_decision(group_error(r0=rollback.RollbackLimit("3 bad steps"))) == FailureDecision.RAISE
     assert policy.make_decision(group_error(r1=RuntimeError("crash"))) == FailureDecision.RAISE  # --max-failures 0
-    policy = rollback.failure_policy(2)(FailureConfig(max_failures=1))
+    policy = policy_of(2, FailureConfig(max_failures=1))
     assert policy.make_decision(group_error(r1=RuntimeError("crash"))) == FailureDecision.RETRY
 
 
