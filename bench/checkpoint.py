@@ -55,7 +55,13 @@ def run_mode(mode: str, args: argparse.Namespace, env: dict[str, str], folder: P
     bl.log(f"{mode}: step {statistics.median(without) * 1000:.1f} ms, with a save "
            f"{statistics.median(with_save) * 1000:.1f} ms: stall {stall * 1000:.1f} ms per checkpoint "
            f"(job {json.loads(proc.stdout)['id']}, {time.time() - started:.0f} s)")
+    job = json.loads(proc.stdout)["id"]
+    logs = bl.run_cli("jobs", "logs", job, "-v", env=env, timeout=120, check=False).stdout
+    from raytrain.events import parse_line
+
+    events = [e for e in map(parse_line, logs.splitlines()) if e and e.get("event") == "checkpoint"]
     return {"stall_s": stall, "step_s": statistics.median(without), "save_step_s": statistics.median(with_save),
+            "wall_s": round(time.time() - started, 1), "job": job, "checkpoint_events": events,
             "losses": data["losses"], "state_bytes": data["state_bytes"], "all_step_s": step_s, "saved": saved}
 
 
