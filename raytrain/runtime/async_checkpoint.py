@@ -49,8 +49,9 @@ def _is_tensor(obj: Any) -> bool:
 
 
 class PinnedPool:
-    """Host buffers for the snapshot's tensors, kept between saves (allocating pinned memory costs far more than
-    filling it). A buffer is reused only once the previous save's write finished (one save in flight)."""
+    """Host buffers for the snapshot's tensors (pinned on CUDA), kept between saves: allocating memory costs far
+    more than filling it. A buffer is reused only once the previous save's write finished (one save in
+    flight)."""
 
     def __init__(self, pin: bool):
         self.pin = pin
@@ -60,13 +61,13 @@ class PinnedPool:
         import torch
 
         t = tensor.detach()
-        if not (self.pin and t.device.type == "cuda"):
-            return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+        pin = self.pin and t.device.type == "cuda"
         buf = self._buffers.get(key)
+        # reused from save to save: fresh host memory costs a page fault per page on every save
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
             self._buffers[key] = buf
-        buf.copy_(t, non_blocking=True)
+        buf.copy_(t, non_blocking=pin)
         return buf
 
     @property
