@@ -36,6 +36,7 @@ SUBPACKAGES = {
                    "hang_watch": "hang_watch",
                    "process_exit": "process_exit",
                    "gpus": "gpus",
+                   "torch_backend": "trainer",
                }),
     "worker": ("What every Ray Train worker runs: the train loop, ``ctx`` and its collaborators (engine, reports, "
                "guard, heartbeats, elastic resize, parallel layouts), script mode, rank logs.", {
@@ -58,6 +59,7 @@ SUBPACKAGES = {
                    "memory_estimate": "memory_estimate",
                    "imports": "deepspeed_imports",
                    "collective_time": "collective_time",
+                   "early_imports": "early_imports",
                    "preemption": "preemption",
                    "rollback": "rollback",
                }),
@@ -102,7 +104,7 @@ SHORT = {  # the code map's cells
     "export": "`raytrain export`, in a process of its own",
 }
 # Moved by the Ray tunings package (raytrain/ray_tuning/): never touched here.
-SKIP = {"prestart", "prompt_poll", "torch_backend", "early_imports"}
+SKIP = {"prestart", "prompt_poll"}  # raytrain.ray_tuning's now
 
 # Other modules: old dotted name -> new dotted name (same package).
 MODULES = {
