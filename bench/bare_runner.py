@@ -6,8 +6,8 @@ PLAN.json is the plan raytrain resolves for the same flags (``raytrain submit ..
 ``plan``): the job file, its arguments and the exact DeepSpeed dict. Each process joins a gloo process
 group (what Ray Train sets up on CPU workers), imports the job file and calls ``train(ctx)`` with
 :class:`BareContext`, a minimal Ray-free context with the API the jobs use. The engine is built by
-``raytrain.runtime.engine.build_engine`` (as on raytrain's workers), and ``ctx.report`` is raytrain's own
-``raytrain.runtime.reporter.Reporter``, so the context prints the same event lines: rank 0 a ``metrics``
+``raytrain.runtime.worker.engine.build_engine`` (as on raytrain's workers), and ``ctx.report`` is raytrain's own
+``raytrain.runtime.worker.reporter.Reporter``, so the context prints the same event lines: rank 0 a ``metrics``
 event per ``ctx.report``, every rank ``memory`` events from a ``MemoryMonitor``, and both sides of the
 benchmark are parsed by the same ``JobFacts``.
 """
@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:  # raytrain from this checkout when run as a plain
     sys.path.insert(0, str(ROOT))
 
 from raytrain.config.plan import Plan  # noqa: E402
-from raytrain.runtime.reporter import Reporter  # noqa: E402
+from raytrain.runtime.worker.reporter import Reporter  # noqa: E402
 
 
 class BareContext:
@@ -74,7 +74,7 @@ class BareContext:
     def deepspeed(self, model: Any, optimizer: Any = None, *, lr: float = 1e-3, lr_scheduler: Any = None,
                   model_parameters: Any = None, **kwargs: Any) -> Any:
         """The engine from the exact resolved DeepSpeed dict; the same default client AdamW as raytrain."""
-        from raytrain.runtime.engine import build_engine
+        from raytrain.runtime.worker.engine import build_engine
 
         if optimizer is None and "optimizer" not in self.config:
             import torch
@@ -85,7 +85,7 @@ class BareContext:
         self.engine = build_engine(model, optimizer=optimizer, config=copy.deepcopy(self.config),
                                    lr_scheduler=lr_scheduler, model_parameters=model_parameters, **kwargs)
         if not os.environ.get("BARE_RUNNER_NO_GUARD"):  # the phase marks raytrain's ctx puts on every engine
-            from raytrain.runtime import heartbeat
+            from raytrain.runtime.worker import heartbeat
 
             heartbeat.instrument(self.engine)
         return self.engine
@@ -102,7 +102,7 @@ def _time_guard() -> list:
     """Wrap the guard's per-step and per-gradient work with a timer: [seconds, steps]."""
     import time
 
-    from raytrain.runtime import guard
+    from raytrain.runtime.worker import guard
 
     total = [0.0, 0, 0.0]  # seconds in all, steps, seconds in the all-reduce (incl. waiting for the other ranks)
 
@@ -128,14 +128,14 @@ def _time_guard() -> list:
 
 def _start_watch() -> None:
     """What raytrain's heartbeats and straggler watch do, without Ray: each step's compute time (collective
-    waits timed, raytrain.runtime.collective_time) and a daemon thread that every heartbeat.BEAT_S takes the
+    waits timed, raytrain.runtime.worker.collective_time) and a daemon thread that every heartbeat.BEAT_S takes the
     rank's snapshot and runs the straggler rule on it (the board and the driver's watchdog, both in other
     processes in a raytrain job, here in the training process itself: an upper bound of their cost)."""
     import threading
     import time
 
     from raytrain import straggler
-    from raytrain.runtime import heartbeat
+    from raytrain.runtime.worker import heartbeat
 
     heartbeat.STATE.training_ident = threading.get_ident()
     heartbeat.STATE.time_compute()
@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
         print(f"bare_runner: rank {os.environ.get('RANK', 0)} is a Ray driver of {ray_address}", flush=True)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=10))
     if os.environ.get("BARE_RUNNER_NO_GUARD"):  # overhead.py --guards-ab's "off" side: the engine without guards
-        from raytrain.runtime import guard
+        from raytrain.runtime.worker import guard
 
         guard.install = lambda engine, **kw: None
     else:  # the "on" side: also the heartbeat and the straggler watch, as on raytrain's workers
@@ -202,13 +202,13 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         print(f"bare_runner: {world} processes, torch threads {torch.get_num_threads()}, "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
-    from raytrain.runtime.job_file import load_job  # the same import raytrain's workers do
+    from raytrain.runtime.worker.job_import import load_job  # the same import raytrain's workers do
 
     module = load_job(plan.job_file)  # an absolute path: found directly
     module.train(ctx)
     ctx.finish()
     if guard_time is not None:  # overhead.py --guards-ab: the guard's own seconds, beside the run's step times
-        from raytrain.runtime import collective_time
+        from raytrain.runtime.worker import collective_time
 
         print(f"bare_runner: rank {rank} guard_s {guard_time[0]:.6f} steps {guard_time[1]} "
               f"agree_s {guard_time[2]:.6f} waits {waits[0] if waits else 0} "

@@ -6,7 +6,7 @@ attention, eager and torch.compile; peak memory against raytrain's planner.
     python bench/gpu_mfu.py --device cpu --tiny      # smoke path on CPU: a few steps of a tiny model
 
 One process, no Ray: a single-rank process group (NCCL on a GPU, gloo on CPU) and a DeepSpeed engine built
-by ``raytrain.runtime.engine.build_engine`` from the DeepSpeed dict ``raytrain.config.resolve`` makes for
+by ``raytrain.runtime.worker.engine.build_engine`` from the DeepSpeed dict ``raytrain.config.resolve`` makes for
 ``--zero 2 --precision bf16`` (this file is also a raytrain job: ``raytrain submit bench/gpu_mfu.py
 --gpus-per-worker 1 --zero 2 --precision bf16``), with a client ``torch.optim.AdamW(fused=True)`` so that
 DeepSpeed compiles no op.
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from raytrain.runtime.throughput import peak_tflops  # noqa: E402  (raytrain's one peak table)
+from raytrain.runtime.worker.throughput import peak_tflops  # noqa: E402  (raytrain's one peak table)
 
 
 def peak_flops(device_name: str) -> float | None:
@@ -151,11 +151,11 @@ def flops_per_token(model: GPT, a) -> tuple[int, int]:
 
 
 def planner_estimate(model: GPT, a, precision: str = "bf16") -> dict:
-    from raytrain.planner.memory import Config, estimate
+    from raytrain.planner.memory import Layout, estimate
     from raytrain.planner.meta import count_parameters, largest_layer
 
     est = estimate(
-        Config(zero=a.zero, precision=precision), params=count_parameters(model),
+        Layout(zero=a.zero, precision=precision), params=count_parameters(model),
         largest_layer=largest_layer(model)[0], gpus=1, gpus_per_node=1, seq=a.seq, micro_batch=a.micro_batch,
         layers=a.layers, hidden=a.hidden, heads=a.heads, vocab=a.vocab, flash_attention=True, grad_accum=a.grad_accum,
     )
@@ -210,9 +210,9 @@ def run_variant(a, config: dict, compiled: bool, precision: str = "bf16", steps:
     """One engine, ``a.warmup`` then ``steps`` (default ``a.steps``) timed optimizer steps. On a GPU, raytrain's
     NVML sampler (the one every GPU worker runs) reads the device's memory meanwhile; an fp16 engine's loss
     scale and skipped steps are read after every step with the reporter's own ``loss_scaling``."""
-    from raytrain.runtime.engine import build_engine
-    from raytrain.runtime.monitor import MemoryMonitor
-    from raytrain.runtime.reporter import loss_scaling
+    from raytrain.runtime.worker.engine import build_engine
+    from raytrain.runtime.worker.memory_monitor import MemoryMonitor
+    from raytrain.runtime.worker.reporter import loss_scaling
 
     steps = a.steps if steps is None else steps
 

@@ -31,8 +31,8 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     from torch.distributed.distributed_c10d import Work
 
     from raytrain import straggler
-    from raytrain.runtime import collective_time, guard, heartbeat
-    from raytrain.runtime.engine import build_engine
+    from raytrain.runtime.worker import collective_time, guard, heartbeat
+    from raytrain.runtime.worker.engine import build_engine
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")

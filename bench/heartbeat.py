@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 
 def beat_loop(stop: threading.Event) -> None:
-    from raytrain.runtime import heartbeat
+    from raytrain.runtime.worker import heartbeat
 
     while not stop.wait(0.1):
         pickle.dumps({**heartbeat.STATE.snapshot(), "rank": 0, "node": "x", "pid": os.getpid()})
@@ -39,8 +39,8 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     import torch.distributed as dist
     import torch.nn as nn
 
-    from raytrain.runtime import heartbeat
-    from raytrain.runtime.engine import build_engine
+    from raytrain.runtime.worker import heartbeat
+    from raytrain.runtime.worker.engine import build_engine
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank))
@@ -89,7 +89,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
 def training_thread_cost_us(n: int = 200_000) -> float:
     """What the heartbeat adds to one step on the training thread, timed alone: a forward pre-hook's mark,
     the backward and step wrappers around a no-op, and step_finished; less the same calls unwrapped."""
-    from raytrain.runtime import heartbeat
+    from raytrain.runtime.worker import heartbeat
 
     class Engine:
         def backward(self, loss):

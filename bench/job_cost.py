@@ -7,7 +7,7 @@ with raytrain's job settings (A) against Ray's and DeepSpeed's own defaults (B),
 
 B adds ``--env`` overrides that undo raytrain's per-job cuts: Ray Train's preemption watcher and metrics
 (off on the local cluster: targets/base.py LOCAL_RUNTIME_ENV_VARS), DeepSpeed importing mlflow
-(runtime/imports.py) and the processes the driver starts ahead (runtime/prestart.py). On a machine where CPU
+(runtime/worker/deepspeed_imports.py) and the processes the driver starts ahead (runtime/prestart.py). On a machine where CPU
 is the limit (2 cores: CI), CPU seconds per job is what sets how long every test and edit-run loop takes; it
 is also the figure least disturbed by other load.
 

@@ -60,7 +60,7 @@ def wait_for_preemption(ctx, handshake: str, step: int) -> None:
 
     import ray
 
-    from raytrain.runtime import preemption
+    from raytrain.runtime.worker import preemption
 
     path = os.path.join(folder, f"rank-{ctx.rank}.json")
     with open(path + ".tmp", "w") as f:

@@ -262,7 +262,7 @@ def jobs(target: Target | None = None) -> list[JobInfo]:
 
 def failing_rank_tail(info: JobInfo, storage: str | None, lines: int = 15, shown: Container[str] | None = None) -> str:
     """The failing rank's last lines of output, from the run's record; where that copy lacks the rank's error
-    (its copier, a process of its own, may not have caught up: raytrain.runtime.rank_log), the traceback the
+    (its copier, a process of its own, may not have caught up: raytrain.runtime.worker.rank_log), the traceback the
     worker sent with its failure; "" when there is neither. Only where to find them when every one of them is
     in ``shown`` (the lines a follow already printed, without Ray's ``(pid=..)`` prefix), so that a traceback
     is not printed twice."""

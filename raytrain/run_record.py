@@ -240,7 +240,7 @@ def inherit_trackers(checkpoint: str, storage: str | None, run_name: str, mlflow
 
 
 def rank_logs(folder: Path) -> dict[int, Path]:
-    """rank -> its stdout/stderr copy (raytrain.runtime.rank_log)."""
+    """rank -> its stdout/stderr copy (raytrain.runtime.worker.rank_log)."""
     out = {}
     for path in (folder / "logs").glob("rank-*.log"):
         try:

@@ -1,7 +1,7 @@
 """Stragglers: a rank consistently slower than the others (pure: no Ray, no torch; the driver's watchdog feeds
-it the heartbeats, raytrain.runtime.hang_watch).
+it the heartbeats, raytrain.runtime.driver.hang_watch).
 
-Each rank measures its compute time per step (raytrain.runtime.collective_time): the step's wall-clock time
+Each rank measures its compute time per step (raytrain.runtime.worker.collective_time): the step's wall-clock time
 minus the time its training thread spent blocked in a collective's wait and in checkpointing. A fast rank waits
 in the collectives for a slow one, so the slow rank's compute time stays high and the others' drops.
 

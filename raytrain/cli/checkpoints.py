@@ -73,11 +73,11 @@ EXPORT_TIMEOUT_S = 3600.0  # the longest `export` waits for DeepSpeed's consolid
 
 
 def run_export(checkpoint: str, out: str, timeout_s: float = EXPORT_TIMEOUT_S, extra: tuple[str, ...] = ()) -> dict:
-    """``python -m raytrain.runtime.export`` in its own process (the CLI never imports deepspeed), bounded.
+    """``python -m raytrain.runtime.export.entry`` in its own process (the CLI never imports deepspeed), bounded.
     ``extra``: its options (``--format hf --dtype bf16 ...``)."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "raytrain.runtime.export", checkpoint, out, *extra], capture_output=True,
+            [sys.executable, "-m", "raytrain.runtime.export.entry", checkpoint, out, *extra], capture_output=True,
             text=True, timeout=timeout_s,
         )
     except subprocess.TimeoutExpired:

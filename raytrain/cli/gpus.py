@@ -54,7 +54,7 @@ def gpus(address, as_json):
         nodes = [{"hostname": socket.gethostname(), "ip": "127.0.0.1", "gpus": gpu_inventory()}]
         where = "this machine (no local cluster is running)"
     else:
-        nodes = target.run_utility("raytrain.runtime.gpus", "gpus")["nodes"]
+        nodes = target.run_utility("raytrain.runtime.driver.gpus", "gpus")["nodes"]
         where = f"the cluster at {target.address}"
     if as_json:
         print_json({"nodes": nodes})

@@ -285,7 +285,7 @@ def stack(job_id, address, as_json, **k8s):
     if target.kind == "kuberay":
         raise ConfigError(f"jobs stack {job_id} --k8s: a RayJob's cluster runs no other job; use --k8s --cluster "
                           "NAME for jobs on a RayCluster", flag="--k8s")
-    event = target.run_utility("raytrain.runtime.hang_watch", events.STACKS, timeout_s=60.0, args=(job_id,))
+    event = target.run_utility("raytrain.runtime.driver.hang_watch", events.STACKS, timeout_s=60.0, args=(job_id,))
     if as_json:
         print_json({"job": job_id, "ranks": event.get("ranks") or [], "summary": event.get("summary") or [],
                     **({"message": event["message"]} if event.get("message") else {})})

@@ -11,7 +11,7 @@ from raytrain.cli.cluster import cluster
 from raytrain.cli.gpus import gpus
 from raytrain.cli.jobs import jobs
 from raytrain.cli.metrics import compare, metrics, plot
-from raytrain.cli.plan import plan
+from raytrain.cli.memory_plan import plan
 from raytrain.cli.submit import submit
 
 

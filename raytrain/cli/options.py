@@ -7,7 +7,7 @@ import click
 
 from raytrain.cli.common import FINITE_FLOAT, address_option
 from raytrain.config.options import SPECS, Options, OptionSpec, flag_of, help_of
-from raytrain.config.profile import load_profile
+from raytrain.config.config_file import load_profile
 
 _CLICK_TYPES = {int: click.INT, float: FINITE_FLOAT, bool: click.BOOL, "path": click.Path()}
 

@@ -181,7 +181,7 @@ def _print_dry_run(request, as_json: bool, versions: dict) -> None:
 
 def _say_script_mode(options: Options, plan) -> None:
     if plan.mode == "script":
-        from raytrain.config.jobfile import check_job_file
+        from raytrain.config.job_check import check_job_file
 
         reason = check_job_file(plan.job_file, script=options.script).mode_reason
         click.echo(

@@ -223,7 +223,7 @@ def _pod_template(
     secret_env = secret_env_of(profile, secret_env)
     env = [{"name": k, "value": v} for k, v in profile.env.items() if k not in secret_env] + _secret_env(secret_env)
     env += _auth_env(owner) if owner else []
-    if not head:  # the workers watch the preStop's notice file (raytrain.runtime.preemption)
+    if not head:  # the workers watch the preStop's notice file (raytrain.runtime.worker.preemption)
         env.append({"name": "RAYTRAIN_PREEMPT_FILE", "value": PREEMPT_FILE})
         container["lifecycle"] = prestop_hook(grace_seconds(profile))
     if env:

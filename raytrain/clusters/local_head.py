@@ -40,7 +40,7 @@ SINGLE_MACHINE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @dataclass
-class LocalCluster:
+class LocalHeadRecord:
     pid: int
     dashboard_url: str
     gcs_address: str
@@ -85,9 +85,9 @@ def _fresh_token() -> Path:
     return path
 
 
-def current() -> LocalCluster | None:
+def current() -> LocalHeadRecord | None:
     """The running embedded cluster, or None (a stale record is removed)."""
-    return ray_process.load_record(_record_path(), LocalCluster)
+    return ray_process.load_record(_record_path(), LocalHeadRecord)
 
 
 def up(
@@ -99,7 +99,7 @@ def up(
     node_ip: str | None = None,
     resources: dict | None = None,
     timeout_s: float = START_TIMEOUT_S,
-) -> tuple[LocalCluster, bool]:
+) -> tuple[LocalHeadRecord, bool]:
     """Start the local cluster (or return the running one). Returns (cluster, started_now).
 
     ``node_ip``: the address Ray's processes use (``--node-ip-address``), so other machines can join
@@ -124,7 +124,7 @@ def up(
     log_path = paths.home() / "cluster.log"
     cmd = head + ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
     proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path, extra_env=_address_env(node_ip))
-    cluster = LocalCluster(
+    cluster = LocalHeadRecord(
         pid=proc.pid,
         pid_started=ray_process.started_at(proc.pid),
         dashboard_url=f"http://127.0.0.1:{dashboard_port}",
@@ -188,7 +188,7 @@ def _ports_of(head_command: list[str]) -> dict[str, int]:
     return out
 
 
-def _confirm_own_dashboard(cluster: LocalCluster, proc, deadline: float) -> None:
+def _confirm_own_dashboard(cluster: LocalHeadRecord, proc, deadline: float) -> None:
     """Wait until the dashboard port listens, then check the listener is a process of the ``ray start``
     raytrain started (its own session) before the token is sent there."""
     port = int(cluster.dashboard_url.rsplit(":", 1)[1])
@@ -205,7 +205,7 @@ def _confirm_own_dashboard(cluster: LocalCluster, proc, deadline: float) -> None
         )
 
 
-def _wait_until_up(cluster: LocalCluster, proc, timeout_s: float) -> None:
+def _wait_until_up(cluster: LocalHeadRecord, proc, timeout_s: float) -> None:
     """Until the dashboard answers, its Jobs API too, and it lists a node; stops the head on a timeout."""
     log_path = cluster.log_path
     deadline = time.monotonic() + timeout_s
@@ -229,7 +229,7 @@ def _wait_until_up(cluster: LocalCluster, proc, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def down() -> LocalCluster | None:
+def down() -> LocalHeadRecord | None:
     """Stop the local cluster; returns what was stopped (None if nothing ran)."""
     cluster = current()
     if cluster is None:

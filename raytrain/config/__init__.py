@@ -14,7 +14,7 @@
 """
 from raytrain.config.options import Options
 from raytrain.config.plan import Plan, Scaling
-from raytrain.config.profile import load_profile
+from raytrain.config.config_file import load_profile
 from raytrain.config.resolve import resolve
 
 __all__ = ["Options", "Plan", "Scaling", "load_profile", "resolve"]

@@ -130,7 +130,7 @@ def defines_preprocess(job_file: str) -> bool:
 def data_plan(datasets: list[dict[str, str]], *, preprocess: bool, prefetch: int, dp: int, micro: int,
               mode: str = "train") -> dict:
     """What runs where for ``--data`` (for --dry-run): the datasets, the preprocessing, the streaming, the
-    workers' side. Mirrors raytrain.runtime.data_source/data_feed (the driver) and runtime.data (workers)."""
+    workers' side. Mirrors raytrain.runtime.datasets.source/data_feed (the driver) and runtime.datasets.batches (workers)."""
     steps = "read" + (" + the job's preprocess(dataset, ctx)" if preprocess and mode == "train" else "")
     return {
         "datasets": datasets,

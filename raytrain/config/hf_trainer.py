@@ -19,7 +19,7 @@ With nothing given on either side the Trainer's own defaults stand (micro-batch 
 script moved to raytrain trains as before.
 
 Checkpoints (the workers report every checkpoint the Trainer writes to Ray Train storage:
-raytrain.runtime.hf_checkpoints): ``--checkpoint-every N`` is the Trainer's ``--save_steps N`` (save strategy
+raytrain.runtime.checkpoint.hf_trainer): ``--checkpoint-every N`` is the Trainer's ``--save_steps N`` (save strategy
 "steps"), ``--keep N`` its ``--save_total_limit N``; the script's own values fill what these flags leave open
 and a contradiction is refused before submitting, naming both. ``--resume`` (and a restart after a failure)
 reaches the Trainer as ``train(resume_from_checkpoint=...)``, so with the script's own

@@ -5,7 +5,7 @@ everything else is derived from that declaration:
 
 - the Click option of ``raytrain submit`` (raytrain.cli.options), in field order, with ``{default}`` in the
   help replaced by the declared default;
-- the config-file key: the field name (dashes also work), read by raytrain.config.profile;
+- the config-file key: the field name (dashes also work), read by raytrain.config.config_file;
 - the name errors use for it (:func:`flag_of`): the flag, or the key for config-file-only options;
 - the default resolution applies when neither a flag nor a profile gives a value (:data:`DEFAULTS`), which
   is also the config.plan.Plan field's default.
@@ -188,7 +188,7 @@ class Options:
         "(from the latest checkpoint; counts toward --max-failures) or fail (at once). Default {default}.",
         choices=("report", "restart", "fail"), default="report",
     )
-    spike_guard: bool | None = option(  # a loss far above its recent window is a bad step (runtime.guard)
+    spike_guard: bool | None = option(  # a loss far above its recent window is a bad step (runtime.worker.guard)
         "Treat a loss spike as a bad step, skipped on every rank: the step's mean loss over all ranks above the "
         "mean + 6 standard deviations of the last 50 good steps, after 20 (docs/guards.md). Default off.",
         switch=True, default=False,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain.config.checks import check_int
-from raytrain.config.jobfile import JobFile
+from raytrain.config.job_check import JobFile
 from raytrain.config.options import PP_PARTITIONS, Options
 from raytrain.errors import ConfigError
 

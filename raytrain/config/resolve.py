@@ -24,7 +24,7 @@ from raytrain.config.deepspeed import deepspeed_dict, ds_origins, ds_view, load_
 from raytrain.config.hf_trainer import auto_config, merge_checkpoint_args, merge_trainer_args, script_defaults
 from raytrain.config.elastic import check_elastic, max_failures_for, parse_workers
 from raytrain.config.data import parse_data_pairs, resolve_data
-from raytrain.config.jobfile import JobFile, check_job_file
+from raytrain.config.job_check import JobFile, check_job_file
 from raytrain.config.options import (
     CPU_ALLOCATOR_VAR,
     CPU_ALLOCATORS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from raytrain.config.jobfile import JobFile
+from raytrain.config.job_check import JobFile
 from raytrain.config.options import Options, flag_of
 from raytrain.config.script_args import find_config_arg
 from raytrain.errors import ConfigError

@@ -11,7 +11,7 @@ Nothing here imports torch or deepspeed at import time (meta.py and partition.py
 functions).
 """
 from raytrain.planner.memory import (
-    Config,
+    Layout,
     Estimate,
     ModelStates,
     activation_memory,
@@ -23,7 +23,7 @@ from raytrain.planner.search import Candidate, Hardware, MemoryFit, make_hardwar
 from raytrain.planner.shape import ModelShape, shape_from_numbers
 
 __all__ = [
-    "Candidate", "Config", "Estimate", "Hardware", "MemoryFit", "ModelShape", "ModelStates", "activation_memory",
+    "Candidate", "Layout", "Estimate", "Hardware", "MemoryFit", "ModelShape", "ModelStates", "activation_memory",
     "estimate", "make_hardware", "model_states", "plan", "relative_time", "shape_from_numbers",
     "zero3_working_set",
 ]

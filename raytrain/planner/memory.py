@@ -276,7 +276,7 @@ def checkpoint_snapshot(rank_params: float, *, stage: int, precision: str, dp: i
 
 
 @dataclass(frozen=True)
-class Config:
+class Layout:
     """One candidate configuration."""
 
     zero: int
@@ -289,7 +289,7 @@ class Config:
 
 @dataclass(frozen=True)
 class Estimate:
-    config: Config
+    config: Layout
     dp: int
     states: ModelStates
     zero3_working_set: int
@@ -333,7 +333,7 @@ class Estimate:
 
 
 def estimate(
-    config: Config,
+    config: Layout,
     *,
     params: int,
     largest_layer: int,

@@ -36,7 +36,7 @@ from raytrain.planner.memory import (
     OFFLOADS,
     PRECISIONS,
     STAGES,
-    Config,
+    Layout,
     Estimate,
     estimate,
     powers_of_two_upto,
@@ -51,7 +51,7 @@ CHECKPOINTING_FACTOR = 1.33
 PRECISION_FACTOR = {"bf16": 1.0, "fp16": 1.0, "fp32": 2.0}
 
 
-def relative_time(config: Config) -> float:
+def relative_time(config: Layout) -> float:
     """The speed ordering's cost of ``config`` (1.0 = plain data parallel, no offload, 16-bit)."""
     return (
         OFFLOAD_FACTOR[config.offload]
@@ -101,7 +101,7 @@ class Candidate:
     fits_cpu: bool
 
     @property
-    def config(self) -> Config:
+    def config(self) -> Layout:
         return self.estimate.config
 
     @property
@@ -162,7 +162,7 @@ def configurations(
     tp: tuple[int, ...] | None = None,
     pp: tuple[int, ...] | None = None,
     checkpointing: tuple[bool, ...] = (False, True),
-) -> list[Config]:
+) -> list[Layout]:
     """Every valid configuration within the given choices (``tp``/``pp`` None: all valid sizes)."""
     tps = tp or tuple(
         t for t in powers_of_two_upto(hardware.gpus_per_node)
@@ -183,7 +183,7 @@ def configurations(
                 continue
             if p > 1 and z > 1:
                 continue
-            out.append(Config(zero=z, offload=o, tp=t, pp=p, precision=prec, checkpointing=ck))
+            out.append(Layout(zero=z, offload=o, tp=t, pp=p, precision=prec, checkpointing=ck))
     return out
 
 

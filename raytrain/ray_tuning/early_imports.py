@@ -1,5 +1,5 @@
 """The workers import torch and DeepSpeed in the background from the moment their process starts (the
-``early_imports`` tuning; the imports themselves: raytrain.runtime.early_imports).
+``early_imports`` tuning; the imports themselves: raytrain.runtime.worker.early_imports).
 
 Ray runs a worker process's setup hook as soon as the process has connected. A job-level
 ``runtime_env["worker_process_setup_hook"]`` becomes Ray's private variable below at ``ray.init`` only; Ray

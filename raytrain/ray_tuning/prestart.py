@@ -3,7 +3,7 @@
 Without this, each process starts only when Ray Train asks for it: the driver imports Ray Train and builds the
 trainer (about 1 s), then ``fit()`` creates the controller actor, whose new process boots and imports Ray
 Train (about 1.5 s), then the controller creates the worker actors, whose new processes boot and only then
-begin to import torch and DeepSpeed (raytrain.runtime.early_imports). Three process starts one after the
+begin to import torch and DeepSpeed (raytrain.runtime.worker.early_imports). Three process starts one after the
 other, about 3 s before a worker process exists.
 
 The node's raylet can start processes for a job before any task asks for them (its ``PrestartWorkers`` RPC,

@@ -78,9 +78,9 @@ def make_target(options: TargetOptions | None = None, *, auto_start: bool = True
         raise ConfigError("--profile is a Kubernetes option for submit: add --k8s", flag="--profile")
     address = options.address or settings.get("RAYTRAIN_ADDRESS")
     if address and address not in ("local", "auto"):
-        from raytrain.targets.ray_jobs import RayJobsTarget
+        from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 
-        return RayJobsTarget(address)
+        return RayJobsApiTarget(address)
     from raytrain.targets.local import LocalTarget
 
     return LocalTarget(auto_start=auto_start)
@@ -94,9 +94,9 @@ def _kuberay_target(options: TargetOptions) -> Target:
     profile = load_k8s_profile(options.profile)
     conn = KubeConnection(options.kubeconfig, options.context)
     if options.rayjob:
-        from raytrain.targets.kuberay import RayJobTarget
+        from raytrain.targets.kuberay_rayjob import KubeRayJobTarget
 
-        return RayJobTarget(
+        return KubeRayJobTarget(
             conn,
             profile=profile,
             namespace=options.namespace,
@@ -111,9 +111,9 @@ def _kuberay_target(options: TargetOptions) -> Target:
                 f"{K8S_FLAGS[name]} is for --rayjob; without it raytrain uploads the job's folder through a "
                 "port-forward and picks the submission id", flag=K8S_FLAGS[name],
             )
-    from raytrain.targets.k8s_portforward import RayClusterJobsTarget
+    from raytrain.targets.kuberay_portforward import KubeRayPortForwardTarget
 
-    return RayClusterJobsTarget(
+    return KubeRayPortForwardTarget(
         conn,
         ray_cluster=options.cluster or profile.name,
         namespace=options.namespace,

@@ -21,13 +21,13 @@ from raytrain.config.plan import Plan
 from raytrain.errors import ClusterError
 from raytrain.targets import upload
 from raytrain.targets.base import LOCAL_RUNTIME_ENV_VARS, SECRET_EXCLUDES, JobHandle, Request
-from raytrain.targets.ray_jobs import RayJobsTarget
+from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 
 CODE_ENV = "RAYTRAIN_JOB_CODE"  # the job's copy of its folder, when it runs without an upload
 UPLOAD_ENV = "RAYTRAIN_LOCAL_UPLOAD"  # "1": upload the folder as working_dir, as on other clusters
 
 
-class LocalTarget(RayJobsTarget):
+class LocalTarget(RayJobsApiTarget):
     """Jobs run on this machine; the entrypoint uses this very interpreter, so raytrain is importable."""
 
     kind = "local"

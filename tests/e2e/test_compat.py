@@ -30,7 +30,7 @@ def test_a_cluster_of_the_same_versions_is_accepted_and_the_dry_run_names_them(c
 
     from raytrain.api import dry_run, submit_request
     from raytrain.config import Options
-    from raytrain.targets.ray_jobs import RayJobsTarget
+    from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 
     address, env = _as_remote(cli)
     here = compat.local_versions()
@@ -50,7 +50,7 @@ def test_a_cluster_of_the_same_versions_is_accepted_and_the_dry_run_names_them(c
     assert f"ray         {here['ray']}; raytrain needs 2.58.x to 2.60.x; this machine has {here['ray']}" in text, text
 
     token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
-    target = RayJobsTarget(address, token=token, python=sys.executable)
+    target = RayJobsApiTarget(address, token=token, python=sys.executable)
     assert target.cluster_versions(timeout_s=120)[0] == here
     assert target.check_versions(timeout_s=120) == []
     _, request = dry_run(Options(job=str(SLEEPY), workers=1, job_args=["1"]), target)
@@ -68,13 +68,13 @@ def test_a_cluster_whose_jobs_have_no_torch_is_refused_in_one_line(cli, tmp_path
     reports it, and the submit is refused before anything is sent, naming both versions and what to do. (A Ray
 outside the range is refused from the dashboard's answer alone, in a few seconds: docs/compatibility.md.)"""
     from raytrain.errors import ClusterError
-    from raytrain.targets.ray_jobs import RayJobsTarget
+    from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=60)
     address, env = _as_remote(cli)
     token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
-    target = RayJobsTarget(address, token=token, python=str(bare / "bin" / "python"))
+    target = RayJobsApiTarget(address, token=token, python=str(bare / "bin" / "python"))
     before = set(_job_ids(target))
     with pytest.raises(ClusterError) as err:  # a long bound: the time a refusal takes is not under test here
         said = target.check_versions(timeout_s=120)

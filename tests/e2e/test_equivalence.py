@@ -10,7 +10,7 @@ a fixed probe batch) must equal the one-worker reference:
   bf16 compute, not a different algorithm.
 
 Equal losses alone would pass a layout flag dropped on its way to the engine (the math does not change), so
-each layout also asserts what the engine built (the ``engine`` event: raytrain.runtime.engine.engine_facts,
+each layout also asserts what the engine built (the ``engine`` event: raytrain.runtime.worker.engine.engine_facts,
 read from the DeepSpeed engine inside the job) and, for activation checkpointing, that the blocks really ran
 forward twice per micro-batch.
 """

@@ -21,7 +21,7 @@ from raytrain.clusters.k8s_tunnel import KubePortForward
 from raytrain.clusters.profiles import parse_cluster_profile
 from raytrain.clusters.raycluster import RayClusters
 from raytrain.config import Options
-from raytrain.targets.k8s_portforward import RayClusterJobsTarget
+from raytrain.targets.kuberay_portforward import KubeRayPortForwardTarget
 from tests.conftest import JOBS, needs
 
 pytestmark = pytest.mark.e2e
@@ -86,7 +86,7 @@ def test_a_raycluster_from_the_api_server_runs_a_job_through_raytrains_port_forw
     conn, namespace, head, dashboard_port = raycluster_local
     StreamsToLocalHead.opened.clear()
 
-    target = RayClusterJobsTarget(
+    target = KubeRayPortForwardTarget(
         conn, ray_cluster="local", namespace=namespace, python=sys.executable, token=head.token,
         forwarder=lambda request: StreamsToLocalHead(conn.kube, request, dashboard_port),
     )
@@ -118,12 +118,12 @@ def test_submit_and_follow_through_the_cli_closes_the_port_forward(monkeypatch, 
     from click.testing import CliRunner
 
     from raytrain.cli.main import main
-    from raytrain.targets import k8s_portforward
+    from raytrain.targets import kuberay_portforward as k8s_portforward
 
     conn, namespace, head, dashboard_port = raycluster_local
     forwarders = []
 
-    class ToLocalHead(RayClusterJobsTarget):  # what the CLI builds, its pod streams going to the local head
+    class ToLocalHead(KubeRayPortForwardTarget):  # what the CLI builds, its pod streams going to the local head
         def __init__(self, conn, **kw):
             def forwarder(request):
                 forwarders.append(StreamsToLocalHead(conn.kube, request, dashboard_port))
@@ -131,7 +131,7 @@ def test_submit_and_follow_through_the_cli_closes_the_port_forward(monkeypatch, 
 
             super().__init__(conn, python=sys.executable, token=head.token, forwarder=forwarder, **kw)
 
-    monkeypatch.setattr(k8s_portforward, "RayClusterJobsTarget", ToLocalHead)
+    monkeypatch.setattr(k8s_portforward, "KubeRayPortForwardTarget", ToLocalHead)
     r = CliRunner().invoke(main, [
         "submit", str(JOBS / "cnn.py"), "--k8s", "--cluster", "local", "-n", namespace,
         "--kubeconfig", os.environ[KUBECONFIG], "--workers", "2", "--zero", "1", "--storage", str(tmp_path / "runs"),

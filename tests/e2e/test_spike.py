@@ -4,7 +4,7 @@ last checkpoint, reads on without exactly those rows, and ends with the paramete
 omits them (to test_guard's tolerance); a clean run with the guard on has no false alarm.
 
 The data: 120 rows, 2 workers, micro-batch 2, no shuffle: one epoch of 30 steps; each rank reads a contiguous
-chunk of 60 rows (raytrain.runtime.data's tail split: fewer rows than one round of pieces), so step s holds
+chunk of 60 rows (raytrain.runtime.datasets.batches's tail split: fewer rows than one round of pieces), so step s holds
 rows 2(s-1), 2(s-1)+1 (rank 0) and 60+2(s-1), 60+2(s-1)+1 (rank 1). The spike: the batch holding row 48, step 25.
 """
 import json

@@ -114,7 +114,7 @@ def test_submit_cnn_starts_the_local_cluster_and_trains(e2e_env):
     table = cli("jobs", "status", job, "--timings", check=True).stdout
     assert "engine_built" in table and "DeepSpeed engine built" in table
 
-    # the two 1-CPU workers fill a 2-core node: each trains on a core of its own (raytrain.runtime.core_binding);
+    # the two 1-CPU workers fill a 2-core node: each trains on a core of its own (raytrain.runtime.worker.core_binding);
     # on a bigger machine the node has cores to spare and nobody is bound
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) == 2:
@@ -183,7 +183,7 @@ def test_a_failing_job_exits_1_with_its_error(cli, tmp_path):
     assert info["state"] == "failed" and info["error"]["type"] == "ValueError"
 
 
-# The job stops its rank's log copier (raytrain.runtime.rank_log_copy, found by the worker's pid in its file's
+# The job stops its rank's log copier (raytrain.runtime.worker.rank_log_copy, found by the worker's pid in its file's
 # name) before it fails, and says which process it stopped; the test lets it go on once submit has answered.
 BEHIND = """import os, signal, time
 from pathlib import Path

@@ -131,7 +131,7 @@ def test_down_refuses_while_rayjobs_use_the_raycluster_unless_forced(cli, namesp
     base = ("--k8s", "--profile", EXAMPLE, "--namespace", namespace, "--name", "shared")
     assert cli("cluster", "up", *base).exit_code == 0
     rayjobs.apply({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "uses-it", "namespace": namespace},
-                   "spec": {"entrypoint": "python -m raytrain.runtime.driver",
+                   "spec": {"entrypoint": "python -m raytrain.runtime.driver.entrypoint",
                             "clusterSelector": {"ray.io/cluster": "shared"}}})
     rayjobs.merge_patch("uses-it", {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}, status=True)
     r = cli("cluster", "down", *base)

@@ -48,7 +48,7 @@ def rendered(namespace):
     out = []
     for i, p in enumerate(profiles()):
         out.append(render_raycluster(p, f"rc-{i}", namespace))
-        common = dict(namespace=namespace, entrypoint="python -m raytrain.runtime.driver",
+        common = dict(namespace=namespace, entrypoint="python -m raytrain.runtime.driver.entrypoint",
                       runtime_env={"working_dir": "/app", "env_vars": {"A": "1"}}, metadata={"name": "cnn"}, profile=p)
         out.append(render_rayjob(name=f"own-{i}", cluster=None, worker_replicas=3,
                                  secret_env={"EXTRA": ("s", "k")}, **common))

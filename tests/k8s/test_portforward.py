@@ -14,7 +14,7 @@ from raytrain.config import Options, resolve
 from raytrain.errors import ClusterError
 from raytrain.clusters.k8s_client import KubeConnection
 from raytrain.clusters.k8s_tunnel import KubePortForward, build_port_forward
-from raytrain.targets.k8s_portforward import RayClusterJobsTarget
+from raytrain.targets.kuberay_portforward import KubeRayPortForwardTarget
 from tests.conftest import JOBS, ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
@@ -54,7 +54,7 @@ def test_dry_run_shows_the_port_forward_and_the_jobs_api_request(cli, namespace,
     assert doc["portForward"]["service"] == "pf-head-svc" and doc["portForward"]["remote_port"] == 8266
     sub = doc["jobSubmission"]
     assert sub["address"] == f"http://pf-head-svc.{namespace}.svc:8266"
-    assert sub["entrypoint"] == "python -m raytrain.runtime.driver"
+    assert sub["entrypoint"] == "python -m raytrain.runtime.driver.entrypoint"
     assert sub["runtime_env"]["working_dir"] == str(JOBS)  # the local folder is uploaded
     assert sub["runtime_env"]["py_modules"][0].endswith("raytrain")  # and raytrain itself
     assert ".kube" in sub["runtime_env"]["excludes"] and "*.kubeconfig" in sub["runtime_env"]["excludes"]
@@ -125,7 +125,7 @@ def test_the_tunnel_opens_through_the_forwarder_and_the_jobs_client_uses_it(kube
         def close(self):
             pass
 
-    target = RayClusterJobsTarget(KubeConnection(kubeconfig), ray_cluster="tun", namespace=namespace, forwarder=Stub)
+    target = KubeRayPortForwardTarget(KubeConnection(kubeconfig), ray_cluster="tun", namespace=namespace, forwarder=Stub)
     request = target.dry_run(resolve(Options(job=str(CNN), workers=2), cluster_has_gpus=True))
     assert request.address == f"http://tun-head-svc.{namespace}.svc:8265" and not opened  # dry run: no tunnel
     assert not _Dashboard.paths
@@ -158,7 +158,7 @@ def test_the_cli_closes_the_port_forward_when_the_command_ends(cli, namespace, f
     """The local end (127.0.0.1, open to every local user) lives only as long as the command needs it."""
     import socket
 
-    from raytrain.targets import k8s_portforward
+    from raytrain.targets import kuberay_portforward as k8s_portforward
 
     assert cli("cluster", "up", "--profile", EXAMPLE, "-n", namespace, "--name", "closes").exit_code == 0
     port = int(far_end.rsplit(":", 1)[1])

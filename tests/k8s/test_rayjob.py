@@ -50,7 +50,7 @@ def test_dry_run_manifest_is_exactly_what_submit_creates(cli, namespace, rayjobs
     assert {k: obj["metadata"][k] for k in manifest["metadata"]} == manifest["metadata"]
 
     spec = obj["spec"]
-    assert spec["entrypoint"] == "python -m raytrain.runtime.driver"
+    assert spec["entrypoint"] == "python -m raytrain.runtime.driver.entrypoint"
     assert spec["jobId"] == "cnn-exact" and spec["submissionMode"] == "K8sJobMode"
     assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 600
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
@@ -181,7 +181,7 @@ def test_jobs_list_status_and_stop(cli, namespace, rayjobs, rayclusters, cpu_pro
 
     rayjobs.merge_patch("own", {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}, status=True)
     info = json.loads(cli("jobs", "status", "own", *base, "--json").output)
-    assert info["state"] == "running" and info["entrypoint"] == "python -m raytrain.runtime.driver"
+    assert info["state"] == "running" and info["entrypoint"] == "python -m raytrain.runtime.driver.entrypoint"
     assert "state     running" in cli("jobs", "status", "own", *base).output
 
     # a RayJob with its own cluster is suspended: KubeRay stops the job and deletes its pods

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from raytrain.runtime.script import Launch, accelerate_env, run_script
+from raytrain.runtime.worker.script import Launch, accelerate_env, run_script
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "tests" / "e2e" / "scripts" / "accelerate_regression.py"

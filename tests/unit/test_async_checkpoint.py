@@ -1,4 +1,4 @@
-"""raytrain.runtime.async_checkpoint on real DeepSpeed engines (one process, gloo): a snapshot written later
+"""raytrain.runtime.checkpoint.async_save on real DeepSpeed engines (one process, gloo): a snapshot written later
 holds the state of the step it was taken at, whatever training did since, and loads into an engine exactly as
 a synchronous save (ZeRO 0-3, offload)."""
 import json
@@ -14,9 +14,9 @@ SCRIPT = textwrap.dedent('''
     from pathlib import Path
     import torch
     import torch.distributed as dist
-    from raytrain.runtime import checkpoint
-    from raytrain.runtime.async_checkpoint import PinnedPool, snapshot
-    from raytrain.runtime.engine import build_engine
+    from raytrain.runtime.checkpoint import files as checkpoint
+    from raytrain.runtime.checkpoint.async_save import PinnedPool, snapshot
+    from raytrain.runtime.worker.engine import build_engine
 
     dist.init_process_group("gloo", rank=0, world_size=1)
 

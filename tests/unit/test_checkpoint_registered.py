@@ -6,7 +6,7 @@ import time
 
 from ray.train.v2._internal.execution import context as ray_context
 
-from raytrain.runtime.checkpointer import wait_until_registered
+from raytrain.runtime.checkpoint.lifecycle import wait_until_registered
 
 
 class _Context:

@@ -28,7 +28,7 @@ def test_dry_run_json_is_the_exact_request(raytrain_home):
         "workers": 2, "num_workers": 2, "use_gpu": False, "resources_per_worker": {"CPU": 1.0},
         "placement_strategy": "PACK",
     }
-    assert out["entrypoint"].endswith("-m raytrain.runtime.driver")
+    assert out["entrypoint"].endswith("-m raytrain.runtime.driver.entrypoint")
     env = out["runtime_env"]
     # the local cluster reads this file system: the job runs from a copy made at submit, nothing is uploaded
     code = str(raytrain_home / "job-code" / out["submission_id"])
@@ -49,7 +49,7 @@ def test_dry_run_to_an_address_ships_raytrain(raytrain_home):
     r = run("submit", GPT, "--address", "http://127.0.0.1:1", "--dry-run", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert out["target"] == "address" and out["entrypoint"] == "python -m raytrain.runtime.driver"
+    assert out["target"] == "address" and out["entrypoint"] == "python -m raytrain.runtime.driver.entrypoint"
     assert out["runtime_env"]["py_modules"][0].endswith("raytrain")
 
 

@@ -88,12 +88,12 @@ class _Dashboard(BaseHTTPRequestHandler):
 
 
 def test_submitting_to_a_cluster_of_another_ray_is_refused_naming_both(tmp_path):
-    from raytrain.targets.ray_jobs import RayJobsTarget
+    from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 
     server = HTTPServer(("127.0.0.1", 0), _Dashboard)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        target = RayJobsTarget(f"http://127.0.0.1:{server.server_port}")
+        target = RayJobsApiTarget(f"http://127.0.0.1:{server.server_port}")
         with pytest.raises(ClusterError) as err:
             target.client
         text = str(err.value)
@@ -104,7 +104,7 @@ def test_submitting_to_a_cluster_of_another_ray_is_refused_naming_both(tmp_path)
 
 def test_a_cluster_that_does_not_run_the_probe_is_submitted_to_with_the_reason_said():
     """A dashboard of a supported Ray whose Jobs API refuses the probe job: not refused, the reason said."""
-    from raytrain.targets.ray_jobs import RayJobsTarget
+    from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 
     class Supported(_Dashboard):
         version = "2.59.0"
@@ -112,7 +112,7 @@ def test_a_cluster_that_does_not_run_the_probe_is_submitted_to_with_the_reason_s
     server = HTTPServer(("127.0.0.1", 0), Supported)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        said = RayJobsTarget(f"http://127.0.0.1:{server.server_port}").check_versions(timeout_s=2)
+        said = RayJobsApiTarget(f"http://127.0.0.1:{server.server_port}").check_versions(timeout_s=2)
         assert len(said) == 1 and said[0].startswith("could not learn the cluster's Python, torch and DeepSpeed: "
                                                      "the Jobs API at http://127.0.0.1:"), said
         assert "refused the probe job (HTTP 501)" in said[0] and "submitting anyway" in said[0]

@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from raytrain.runtime import core_binding
-from raytrain.runtime.core_binding import cores_for
+from raytrain.runtime.worker import core_binding
+from raytrain.runtime.worker.core_binding import cores_for
 from tests.conftest import needs
 
 

@@ -1,12 +1,12 @@
-"""The Feeder's state (raytrain.runtime.data_feed.Feed) and the driver's checks, without a Ray cluster."""
+"""The Feeder's state (raytrain.runtime.datasets.feed.Feed) and the driver's checks, without a Ray cluster."""
 import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 
-from raytrain.runtime.data_feed import Feed, to_numpy
-from raytrain.runtime.data_source import check_rows, cpus_per_task
+from raytrain.runtime.datasets.feed import Feed, to_numpy
+from raytrain.runtime.datasets.source import check_rows, cpus_per_task
 
 
 def test_blocks_are_handed_out_in_order_as_soon_as_they_exist():

@@ -1,4 +1,4 @@
-"""ctx.dataset's split (raytrain.runtime.data) without Ray: an in-memory BlockSource stands in for the Feeder's
+"""ctx.dataset's split (raytrain.runtime.datasets.batches) without Ray: an in-memory BlockSource stands in for the Feeder's
 blocks in the object store (the same rows in the same blocks, in order); it counts the blocks each rank
 fetched."""
 import itertools
@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from raytrain.runtime.data import Position, Seq, ShardBatches, piece_rows, rechunk
-from raytrain.runtime.data_feed import BlockSource
+from raytrain.runtime.datasets.batches import Position, Seq, ShardBatches, piece_rows, rechunk
+from raytrain.runtime.datasets.feed import BlockSource
 
 
 class Rows(BlockSource):
@@ -183,11 +183,11 @@ def test_ctx_dataset_reports_data_wait_and_saves_and_restores_its_position(tmp_p
     from raytrain.cli.progress import describe_metrics
     from raytrain.config import Options, resolve
     from raytrain.events import METRICS, parse_line
-    from raytrain.runtime.context import DATA_KEY, TrainContext
+    from raytrain.runtime.worker.context import DATA_KEY, TrainContext
     from tests.conftest import JOBS
 
     (tmp_path / "d.jsonl").write_text("{}\n")
-    from raytrain.runtime import data_feed
+    from raytrain.runtime.datasets import feed as data_feed
 
     monkeypatch.setattr(data_feed, "FeedSource", lambda name: Rows(20))  # the driver's feed, without a cluster
     plan = resolve(Options(job=str(JOBS / "cnn.py"), data={"train": str(tmp_path / "d.jsonl")}, micro_batch=4))

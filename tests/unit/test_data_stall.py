@@ -7,8 +7,8 @@ import pytest
 
 from raytrain.config import Options, resolve
 from raytrain.errors import ConfigError
-from raytrain.runtime.data_feed import Feed, watch_stall
-from raytrain.runtime.data_source import spare_cpus
+from raytrain.runtime.datasets.feed import Feed, watch_stall
+from raytrain.runtime.datasets.source import spare_cpus
 from tests.conftest import JOBS
 
 
@@ -67,7 +67,7 @@ def test_data_timeout_is_an_option_with_a_default_and_checked(tmp_path):
 
 
 def test_a_dataset_is_read_in_blocks_of_about_a_64th_between_1_and_32_mib(tmp_path):
-    from raytrain.runtime.data_source import block_bytes
+    from raytrain.runtime.datasets.source import block_bytes
 
     for i in range(5):
         (tmp_path / f"p{i}.parquet").write_bytes(b"x" * 100)

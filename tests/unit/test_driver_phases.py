@@ -4,8 +4,8 @@ import pytest
 
 from raytrain.errors import ConfigError
 from raytrain.events import CAPACITY, ERROR, FINISHED, INVALID, STARTED, STOPPED, JobFacts, format_event
-from raytrain.runtime import driver
-from raytrain.runtime.preflight import PreflightError
+from raytrain.runtime.driver import entrypoint as driver
+from raytrain.runtime.driver.preflight import PreflightError
 from raytrain.status import JobState, job_state, outcome
 
 

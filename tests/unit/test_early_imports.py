@@ -1,4 +1,4 @@
-"""Workers import torch and DeepSpeed in the background from their process start (runtime.early_imports):
+"""Workers import torch and DeepSpeed in the background from their process start (runtime.worker.early_imports):
 the runtime env the driver gives Ray Train's workers, the hook itself, and what the driver asks it to import."""
 import sys
 import time
@@ -6,7 +6,8 @@ import time
 import pytest
 
 from raytrain.config.plan import Plan, Scaling
-from raytrain.runtime import driver, early_imports
+from raytrain.runtime.driver import entrypoint as driver
+from raytrain.runtime.worker import early_imports
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def fresh(monkeypatch):
 
 def test_the_workers_runtime_env_names_the_hook_and_the_modules(fresh):
     env = early_imports.worker_runtime_env(["torch", "deepspeed"], use_gpu=False)["env_vars"]
-    assert env["__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"] == "raytrain.runtime.early_imports.start"
+    assert env["__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"] == "raytrain.runtime.worker.early_imports.start"
     assert env["RAYTRAIN_WORKER_IMPORTS"] == "torch,deepspeed" and env["RAYTRAIN_WORKER_GPU"] == "0"
     fresh.setenv("RAYTRAIN_RAY_TUNING", "off")
     assert early_imports.worker_runtime_env(["torch"], use_gpu=False) == {}
@@ -79,7 +80,7 @@ def test_the_workers_get_omp_num_threads_before_the_hook_imports_torch(fresh):
 
 PROBE = """
 import os, sys
-from raytrain.runtime import early_imports
+from raytrain.runtime.worker import early_imports
 early_imports.start()
 early_imports.wait()
 import torch

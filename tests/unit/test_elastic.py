@@ -97,7 +97,7 @@ def test_elastic_needs_a_train_ctx_job():
 
 def test_the_worker_context_keeps_the_global_batch_and_says_so(capsys):
     from raytrain.events import RESIZED, parse_line
-    from raytrain.runtime.context import TrainContext
+    from raytrain.runtime.worker.context import TrainContext
 
     p = plan(workers="1-2", micro_batch=2, grad_accum=2)
     ctx = TrainContext(p, rank=0, local_rank=0, world_size=1, device="cpu")

@@ -1,4 +1,4 @@
-"""raytrain.runtime.engine.engine_facts on real DeepSpeed engines (one process, gloo): the facts are read
+"""raytrain.runtime.worker.engine.engine_facts on real DeepSpeed engines (one process, gloo): the facts are read
 from what DeepSpeed built, so a layout flag lost on the way to the engine shows (the e2e layout tests
 assert them for every layout)."""
 import json
@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent('''
     import json, sys
     import torch
     import torch.distributed as dist
-    from raytrain.runtime.engine import build_engine, engine_facts
+    from raytrain.runtime.worker.engine import build_engine, engine_facts
 
     dist.init_process_group("gloo", rank=0, world_size=1)
     out = {}

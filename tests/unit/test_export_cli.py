@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from raytrain.cli.checkpoints import run_export
 from raytrain.cli.main import main as cli
 from raytrain.errors import RaytrainError
-from raytrain.runtime.export import save_atomically
+from raytrain.runtime.export.entry import save_atomically
 
 
 def test_an_existing_out_file_is_refused_without_force(raytrain_home, tmp_path):

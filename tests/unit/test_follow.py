@@ -4,7 +4,7 @@ import asyncio
 import os
 import time
 
-from raytrain.targets.ray_jobs import LastWord, RayJobsTarget
+from raytrain.targets.ray_jobs_api import LastWord, RayJobsApiTarget
 
 STARTED = '@@raytrain {"event":"started","name":"cnn"}\n'
 WORKER_ERROR = '(RayTrainWorker pid=7) @@raytrain {"event":"error","type":"X","rank":1,"message":"m"}\n'
@@ -48,7 +48,7 @@ class FakeJobs:
 
 
 def follow(fake, **kw):
-    target = RayJobsTarget("http://127.0.0.1:1", token="")
+    target = RayJobsApiTarget("http://127.0.0.1:1", token="")
     target._client = fake
     seen = []
     start = time.monotonic()
@@ -97,7 +97,7 @@ def test_the_driver_exits_with_its_code_after_its_threads_and_exit_handlers(tmp_
     done = tmp_path / "done"
     script = (
         "import atexit, sys, threading, time\n"
-        "from raytrain.runtime.process_exit import exit_without_finalizing\n"
+        "from raytrain.runtime.driver.process_exit import exit_without_finalizing\n"
         f"atexit.register(lambda: open({str(done)!r}, 'a').write('atexit\\n'))\n"
         f"threading.Thread(target=lambda: (time.sleep(0.3), open({str(done)!r}, 'a').write('thread\\n'))).start()\n"
         "sys.stdout.write('unflushed')\n"
@@ -127,7 +127,7 @@ class FailingStatus(FakeJobs):
 
 
 def fast_give_up(monkeypatch, seconds=0.5):
-    from raytrain.targets import ray_jobs
+    from raytrain.targets import ray_jobs_api as ray_jobs
 
     monkeypatch.setattr(ray_jobs, "FOLLOW_STATUS_GIVE_UP_S", seconds, raising=False)
     monkeypatch.setattr(ray_jobs, "FOLLOW_STATUS_FAILURES", 3, raising=False)
@@ -175,7 +175,7 @@ def test_a_status_read_that_hangs_counts_as_a_failure(monkeypatch):
     import pytest
 
     from raytrain.errors import ClusterError
-    from raytrain.targets import ray_jobs
+    from raytrain.targets import ray_jobs_api as ray_jobs
 
     fast_give_up(monkeypatch)
     monkeypatch.setattr(ray_jobs, "FOLLOW_STATUS_CALL_S", 0.1, raising=False)
@@ -189,7 +189,7 @@ def test_a_status_read_that_hangs_counts_as_a_failure(monkeypatch):
 
 
 def test_a_tail_that_outlives_the_job_without_the_last_word_is_cut(monkeypatch):
-    from raytrain.targets import ray_jobs
+    from raytrain.targets import ray_jobs_api as ray_jobs
 
     monkeypatch.setattr(ray_jobs, "FOLLOW_TAIL_GRACE_S", 0.3, raising=False)
     out, took = follow(FakeJobs([STARTED, WORKER_ERROR], tail_after_s=3600), end_poll_s=0.02, status_poll_s=0.05)

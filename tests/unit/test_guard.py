@@ -1,4 +1,4 @@
-"""The non-finite guard (raytrain.runtime.guard): the verdict's wording, the no-update block, and two real
+"""The non-finite guard (raytrain.runtime.worker.guard): the verdict's wording, the no-update block, and two real
 gloo processes with real DeepSpeed engines where only rank 1's loss is non-finite: both ranks skip the step,
 at ZeRO-0 (whose client optimizer would otherwise apply it) and ZeRO-1, leaving weights, optimizer state and
 LR schedule as they were and counting the step; honest endings and the skip event's reading."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raytrain import events
-from raytrain.runtime import guard
+from raytrain.runtime.worker import guard
 
 
 def test_the_verdict_names_the_step_and_the_ranks():
@@ -74,7 +74,7 @@ RANKS = textwrap.dedent("""
     import torch, torch.distributed as dist
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method="tcp://127.0.0.1:" + sys.argv[2])
-    from raytrain.runtime.engine import build_engine
+    from raytrain.runtime.worker.engine import build_engine
     out = {}
     for zero in (0, 1):
         torch.manual_seed(0)
@@ -166,7 +166,7 @@ def test_weights_check_reads_zero3_partitions():
 
 
 def test_no_checkpoint_of_non_finite_weights(capsys):
-    from raytrain.runtime.context import TrainContext
+    from raytrain.runtime.worker.context import TrainContext
 
     saved = []
 

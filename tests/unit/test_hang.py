@@ -1,5 +1,5 @@
 """The hang watchdog's decisions and the per-rank stack summary (raytrain.hang), the heartbeat's step
-accounting and stack capture (raytrain.runtime.heartbeat), the board, and the options that drive them."""
+accounting and stack capture (raytrain.runtime.worker.heartbeat), the board, and the options that drive them."""
 import os
 import threading
 import time
@@ -69,7 +69,7 @@ def frame(file, line, function):
 
 TORCH = "/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py"
 DS = "/venv/lib/python3.12/site-packages/deepspeed/comm/torch.py"
-ENGINE = "/venv/lib/python3.12/site-packages/deepspeed/runtime/engine.py"
+ENGINE = "/venv/lib/python3.12/site-packages/deepspeed/runtime/worker/engine.py"
 JOBF = "/jobs/train.py"
 
 
@@ -107,7 +107,7 @@ def test_a_stack_is_printed_innermost_first():
 
 
 def test_heartbeat_step_times_and_phases():
-    from raytrain.runtime.heartbeat import State
+    from raytrain.runtime.worker.heartbeat import State
 
     state = State()
     state.enter("forward")
@@ -120,7 +120,7 @@ def test_heartbeat_step_times_and_phases():
 
 
 def test_stacks_are_taken_from_a_sleeping_thread():
-    from raytrain.runtime.heartbeat import capture_stacks
+    from raytrain.runtime.worker.heartbeat import capture_stacks
 
     ready, ident = threading.Event(), []
 
@@ -141,7 +141,7 @@ def test_stacks_are_taken_from_a_sleeping_thread():
 
 
 def test_board_requests_stacks_and_orders_restarts():
-    from raytrain.runtime.hang_watch import Board
+    from raytrain.runtime.driver.hang_watch import Board
 
     board = Board()
     assert board.beat({"rank": 0, "pid": 1}) == {"stacks": 0}

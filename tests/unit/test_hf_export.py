@@ -15,8 +15,8 @@ torch = importlib.import_module("torch")
 transformers = importlib.import_module("transformers")
 peft = importlib.import_module("peft")
 
-from raytrain.runtime import hf_model  # noqa: E402
-from raytrain.runtime.export_hf import export_hf  # noqa: E402
+from raytrain.runtime.hf import model as hf_model  # noqa: E402
+from raytrain.runtime.export.hf import export_hf  # noqa: E402
 
 INPUT = torch.tensor([[1, 5, 9, 3, 7, 2, 8, 4]])
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from raytrain.cli.main import main
 from raytrain.config import Options, resolve
 from raytrain.config.hf_trainer import is_trainer_script, script_values
-from raytrain.config.jobfile import check_job_file
+from raytrain.config.job_check import check_job_file
 from raytrain.errors import ConfigError
 from raytrain.events import parse_line
 from tests.conftest import ROOT
@@ -153,7 +153,7 @@ def test_cli_refuses_the_contradiction_before_submitting(raytrain_home):
 
 def test_the_workers_give_a_real_hf_parser_raytrains_values(monkeypatch):
     import transformers
-    from raytrain.runtime.script import argparse_hook
+    from raytrain.runtime.worker.script import argparse_hook
 
     p = plan(micro_batch=4, grad_accum=2, grad_clip=0.5)
     parser = transformers.HfArgumentParser(transformers.TrainingArguments)
@@ -173,7 +173,7 @@ def test_the_callback_reports_the_trainers_loss_as_metrics_events(tmp_path, caps
     import transformers
     import importlib.util
 
-    from raytrain.runtime.hf_trainer import trainer_hooks
+    from raytrain.runtime.hf.trainer import trainer_hooks
 
     spec = importlib.util.spec_from_file_location("hf_trainer_script", HF)
     script = importlib.util.module_from_spec(spec)
@@ -256,7 +256,7 @@ def test_cli_refuses_a_checkpoint_contradiction_before_submitting(raytrain_home)
     ("model.safetensors", 0), ("scheduler.pt", 0), ("zero_to_fp32.py", 0),
 ])
 def test_each_checkpoint_file_has_one_owner(name, rank):
-    from raytrain.runtime.hf_checkpoints import owner
+    from raytrain.runtime.checkpoint.hf_trainer import owner
 
     assert owner(name) == rank
 
@@ -275,7 +275,7 @@ def test_each_rank_stages_its_own_files_and_together_they_make_a_complete_checkp
     import shutil
 
     from raytrain.checkpoints.store import inspect, resolve_resume
-    from raytrain.runtime.hf_checkpoints import stage
+    from raytrain.runtime.checkpoint.hf_trainer import stage
 
     src = tmp_path / "out" / "checkpoint-4"
     _trainer_checkpoint(src)
@@ -296,7 +296,7 @@ def test_each_rank_stages_its_own_files_and_together_they_make_a_complete_checkp
 
 
 def test_a_checkpoint_of_the_same_world_size_or_stage_0_is_given_to_the_trainer_as_it_is(tmp_path):
-    from raytrain.runtime.hf_checkpoints import prepare_resume, stage
+    from raytrain.runtime.checkpoint.hf_trainer import prepare_resume, stage
 
     src = tmp_path / "checkpoint-4"
     _trainer_checkpoint(src, ranks=1)
@@ -320,13 +320,13 @@ def test_a_checkpoint_of_the_same_world_size_or_stage_0_is_given_to_the_trainer_
     (4, 2, {"rng_state_0.pth": "rng_state_0.pth", "rng_state_1.pth": "rng_state_1.pth"}),
 ])
 def test_each_rank_of_the_new_world_gets_an_rng_file(saved, world, files):
-    from raytrain.runtime.hf_checkpoints import rng_files
+    from raytrain.runtime.checkpoint.hf_trainer import rng_files
 
     assert rng_files(saved, world) == files
 
 
 def test_the_resharded_folder_holds_the_converted_state_the_trainers_files_and_one_rng_file_per_rank(tmp_path):
-    from raytrain.runtime.hf_checkpoints import stage, trainer_folder
+    from raytrain.runtime.checkpoint.hf_trainer import stage, trainer_folder
 
     src = tmp_path / "checkpoint-4"
     _trainer_checkpoint(src, ranks=2)
@@ -347,7 +347,7 @@ def test_the_resharded_folder_holds_the_converted_state_the_trainers_files_and_o
 
 
 def test_a_resharded_trainer_run_must_keep_the_global_batch(tmp_path):
-    from raytrain.runtime.hf_checkpoints import Resume, check_batch
+    from raytrain.runtime.checkpoint.hf_trainer import Resume, check_batch
 
     resume = Resume("/s/ckpt", "/tmp/x", 8, 2, {"micro": 2, "grad_accum": 1, "world_size": 2})
     check_batch(resume, micro=2, grad_accum=2, world_size=1)  # 4 = 4
@@ -392,8 +392,8 @@ def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, mo
     import transformers
     import importlib.util
 
-    from raytrain.runtime.hf_checkpoints import prepare_resume, stage
-    from raytrain.runtime.hf_trainer import trainer_hooks
+    from raytrain.runtime.checkpoint.hf_trainer import prepare_resume, stage
+    from raytrain.runtime.hf.trainer import trainer_hooks
 
     spec = importlib.util.spec_from_file_location("hf_trainer_script", HF)
     script = importlib.util.module_from_spec(spec)
@@ -429,8 +429,8 @@ def test_a_resharded_trainer_with_another_global_batch_is_refused_before_its_fir
     # the hook checks the Trainer's own arguments (per_device_train_batch_size x gradient_accumulation_steps x
     # workers) against the saving run's before Trainer.train starts: nothing is trained
     import transformers
-    from raytrain.runtime.hf_checkpoints import Resume
-    from raytrain.runtime.hf_trainer import trainer_hooks
+    from raytrain.runtime.checkpoint.hf_trainer import Resume
+    from raytrain.runtime.hf.trainer import trainer_hooks
 
     monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
     resume = Resume("/storage/ckpt", str(tmp_path), 8, 2, {"micro": 2, "grad_accum": 1, "world_size": 2})

@@ -21,9 +21,9 @@ transformers = importlib.import_module("transformers")
 peft = importlib.import_module("peft")
 tokenizers = importlib.import_module("tokenizers")
 
-from raytrain.runtime.export import export  # noqa: E402
-from raytrain.runtime.export_hf import export_hf  # noqa: E402
-from raytrain.runtime.hf_checkpoints import stage  # noqa: E402
+from raytrain.runtime.export.entry import export  # noqa: E402
+from raytrain.runtime.export.hf import export_hf  # noqa: E402
+from raytrain.runtime.checkpoint.hf_trainer import stage  # noqa: E402
 
 INPUT = torch.tensor([[1, 5, 9, 3, 7, 2, 8, 4]])
 

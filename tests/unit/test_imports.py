@@ -1,11 +1,11 @@
-"""raytrain.runtime.imports: DeepSpeed is imported without packages it only wants for unused features."""
+"""raytrain.runtime.worker.deepspeed_imports: DeepSpeed is imported without packages it only wants for unused features."""
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from raytrain.runtime.imports import UNUSED_BY_DEEPSPEED, import_hiding
+from raytrain.runtime.worker.deepspeed_imports import UNUSED_BY_DEEPSPEED, import_hiding
 
 
 def test_a_hidden_package_looks_absent_to_the_import_and_is_importable_afterwards(tmp_path, monkeypatch):
@@ -51,7 +51,7 @@ def fresh_deepspeed_import() -> dict[str, str]:
     (as ZeRO optimizers do), whether TorchInductor was loaded."""
     code = (
         "import sys, os; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
-        "from raytrain.runtime.imports import import_deepspeed\n"
+        "from raytrain.runtime.worker.deepspeed_imports import import_deepspeed\n"
         "import_deepspeed()\n"
         "print('unused:', sorted(n for n in %r if n in sys.modules))\n"
         "import torch\n"
@@ -71,7 +71,7 @@ def test_deepspeed_on_a_worker_does_not_import_mlflow(fresh_deepspeed_import):
 def _run(code: str, **env) -> list[str]:
     prelude = (
         "import sys, os; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
-        "from raytrain.runtime.imports import import_deepspeed\n"
+        "from raytrain.runtime.worker.deepspeed_imports import import_deepspeed\n"
         "import_deepspeed()\n"
         "import torch\n"
         "from deepspeed.runtime.zero.muon import muon_optimizer, original_muon\n"

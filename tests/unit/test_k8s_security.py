@@ -17,7 +17,7 @@ from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_client import KubeConnection, NotFound
 from raytrain.clusters.k8s_manifests import render_raycluster, render_rayjob, security_manifests
 from raytrain.clusters.profiles import default_k8s_profile, parse_cluster_profile
-from raytrain.targets.k8s_portforward import RayClusterJobsTarget
+from raytrain.targets.kuberay_portforward import KubeRayPortForwardTarget
 from tests.conftest import JOBS, ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"
@@ -193,7 +193,7 @@ def test_the_jobs_client_sends_the_clusters_token_through_the_tunnel(guard, monk
             pass
 
     conn = KubeConnection(kube=g.kube)
-    target = RayClusterJobsTarget(conn, ray_cluster="c1", namespace="ns", forwarder=Forward)
+    target = KubeRayPortForwardTarget(conn, ray_cluster="c1", namespace="ns", forwarder=Forward)
     target._raycluster = render_raycluster(default_k8s_profile(), "c1", "ns")
     target.open()
     target.dashboard.check_reachable()
@@ -212,7 +212,7 @@ def test_no_permission_to_read_the_secret_means_no_token_not_a_crash(guard, monk
     monkeypatch.setattr(core, "read_namespaced_secret", forbidden)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
-    target = RayClusterJobsTarget(KubeConnection(kube=g.kube), ray_cluster="c1", namespace="ns")
+    target = KubeRayPortForwardTarget(KubeConnection(kube=g.kube), ray_cluster="c1", namespace="ns")
     assert target.token() is None
 
 
@@ -339,7 +339,7 @@ def test_a_port_forward_target_used_as_a_context_manager_closes_its_tunnel(guard
         def close(self):
             events.append("close")
 
-    with RayClusterJobsTarget(KubeConnection(kube=g.kube), ray_cluster="c1", namespace="ns", forwarder=Forward,
+    with KubeRayPortForwardTarget(KubeConnection(kube=g.kube), ray_cluster="c1", namespace="ns", forwarder=Forward,
                               token="t") as target:
         target._raycluster = render_raycluster(default_k8s_profile(), "c1", "ns")
         target.open()

@@ -17,7 +17,7 @@ TB = [
 ]
 LOG = [
     "2026-12-03 13:08:13,328\tINFO job_manager.py:581 -- Runtime env is setting up.",
-    "Running entrypoint for job raytrain-gpt-zero-20261203-130750-4b8e53: python -m raytrain.runtime.driver",
+    "Running entrypoint for job raytrain-gpt-zero-20261203-130750-4b8e53: python -m raytrain.runtime.driver.entrypoint",
     "2026-12-03 13:08:24,091 INFO worker.py:1841 -- Connecting to existing Ray cluster at address: 1.2.3.4:6422...",
     f"2026-12-03 13:08:24,192 INFO worker.py:2029 -- Connected to Ray cluster. View the dashboard at {E}[1m{E}[32m"
     f"http://127.0.0.1:8322 {E}[39m{E}[22m",

@@ -1,4 +1,4 @@
-"""raytrain.runtime.monitor: the sampler on a CPU worker for real (process RSS), and on a GPU worker with a
+"""raytrain.runtime.worker.memory_monitor: the sampler on a CPU worker for real (process RSS), and on a GPU worker with a
 fake NVML library."""
 import os
 import subprocess
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from raytrain.runtime.monitor import MemoryMonitor, process_rss, resolve_handle
+from raytrain.runtime.worker.memory_monitor import MemoryMonitor, process_rss, resolve_handle
 from tests.conftest import ROOT, needs
 
 MB = 2**20
@@ -165,7 +165,7 @@ def test_monitor_imports_neither_ray_nor_torch():
     code = textwrap.dedent(
         """
         import sys
-        import raytrain.runtime.monitor
+        import raytrain.runtime.worker.memory_monitor
         print(sorted(m for m in ("ray", "torch", "deepspeed") if m in sys.modules))
         """
     )
@@ -178,7 +178,7 @@ def test_a_failing_sampler_is_logged_once_and_said_in_the_jobs_status(capsys, mo
     """Every sample after the first raises: training goes on, stderr says it once, the memory event carries
     the error and `jobs status` (JobFacts.warnings) shows it."""
     from raytrain import events
-    from raytrain.runtime.reporter import Reporter
+    from raytrain.runtime.worker.reporter import Reporter
 
     calls = []
 
@@ -237,7 +237,7 @@ def test_in_a_pid_namespace_the_process_memory_falls_back_to_torch_reserved(monk
 
 
 def test_the_pid_match_uses_every_pid_nspid_lists():
-    from raytrain.runtime.monitor import own_gpu_memory, own_pids
+    from raytrain.runtime.worker.memory_monitor import own_gpu_memory, own_pids
 
     pids = own_pids()
     assert os.getpid() in pids
@@ -251,9 +251,9 @@ def test_the_pid_match_uses_every_pid_nspid_lists():
 
 def test_torch_reserved_never_initialises_cuda():
     """The fallback reads torch only where the process already initialised CUDA (no context of its own)."""
-    from raytrain.runtime.monitor import torch_reserved
+    from raytrain.runtime.worker.memory_monitor import torch_reserved
 
-    code = "import torch; from raytrain.runtime.monitor import torch_reserved; " \
+    code = "import torch; from raytrain.runtime.worker.memory_monitor import torch_reserved; " \
            "print(torch_reserved(), torch.cuda.is_initialized())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout.split()
@@ -266,7 +266,7 @@ def test_a_gpu_workers_memory_event_carries_its_own_and_the_allocators_peaks(mon
     and torch.cuda.max_memory_allocated (what the planner's gpu_allocated estimates; the GPU suite compares
     them). torch's CUDA is faked here: only where the process initialised it is it read."""
     from raytrain.events import MEMORY, parse_line
-    from raytrain.runtime.reporter import Reporter
+    from raytrain.runtime.worker.reporter import Reporter
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cuda = SimpleNamespace(is_initialized=lambda: True, max_memory_allocated=lambda device=0: 4_321,

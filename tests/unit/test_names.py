@@ -18,7 +18,7 @@ def test_cluster_commands_take_cluster_name_as_submit_does_and_still_name(raytra
 
 
 def test_activation_checkpointing_has_its_own_name_and_keeps_the_old_one():
-    from raytrain.runtime.context import TrainContext
+    from raytrain.runtime.worker.context import TrainContext
 
     ctx = TrainContext(resolve(Options(job=str(JOBS / "cnn.py"), workers=1)), rank=0, local_rank=0, world_size=1,
                        device="cpu")

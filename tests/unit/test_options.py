@@ -193,7 +193,7 @@ def test_plan_from_dict_fills_missing_fields_with_the_defaults():
 
 
 def test_the_driver_reads_a_typed_plan_with_the_declared_defaults(monkeypatch):
-    from raytrain.runtime import driver  # imports neither ray nor deepspeed at import time
+    from raytrain.runtime.driver import entrypoint as driver  # imports neither ray nor deepspeed at import time
 
     data = resolve(Options(job=CNN, workers=2, max_failures=2)).to_dict()
     monkeypatch.setenv("RAYTRAIN_PLAN", json.dumps(data))

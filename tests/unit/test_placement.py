@@ -8,7 +8,7 @@ from raytrain.config import Options, resolve
 from raytrain.errors import ConfigError, RaytrainError
 from raytrain.events import JobFacts, format_event
 from raytrain.status import JobInfo, JobState, state_of
-from raytrain.targets.ray_jobs import RayJobsTarget
+from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 from tests.conftest import JOBS
 
 
@@ -61,7 +61,7 @@ def test_start_timeout_has_a_stated_default_and_refuses_a_negative_value():
         resolve(Options(job=str(JOBS / "cnn.py"), start_timeout=-1))
 
 
-class Cluster(RayJobsTarget):
+class Cluster(RayJobsApiTarget):
     """A Jobs API target whose cluster answers from these lists (no Ray): what `jobs stop` reads and does."""
 
     def __init__(self, *, state=JobState.STOPPED, actors=(), groups=(), removes=True):
@@ -96,7 +96,7 @@ def test_jobs_stop_says_the_workers_and_placement_groups_are_gone():
 def test_jobs_stop_removes_a_placement_group_ray_leaked():
     cluster = Cluster(groups=[group("bb", "02000000", "CREATED")])
     line = cluster.stop_and_wait("b", timeout_s=1)
-    assert cluster.utilities == ["raytrain.runtime.placement_watch"]
+    assert cluster.utilities == ["raytrain.runtime.driver.placement_watch"]
     assert line == "b: stopped; its workers and placement groups are gone (removed the placement group Ray leaked)"
     assert Cluster().release(cluster.status("b"), timeout_s=0) == "; its workers and placement groups are gone"
 

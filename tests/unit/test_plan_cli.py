@@ -106,14 +106,14 @@ def test_without_params_or_job_names_params():
 
 
 def test_without_gpu_memory_and_no_local_gpu_names_gpu_memory(monkeypatch):
-    monkeypatch.setattr("raytrain.cli.plan._local_gpus", lambda: [])
+    monkeypatch.setattr("raytrain.cli.memory_plan._local_gpus", lambda: [])
     result = run("--params", "7e9")
     assert result.exit_code == 2 and "--gpu-memory" in result.output
 
 
 def test_gpu_memory_and_count_default_to_the_local_gpus(monkeypatch):
     gpu = {"name": "NVIDIA H200", "memory_total": 150_754_820_096}
-    monkeypatch.setattr("raytrain.cli.plan._local_gpus", lambda: [gpu, gpu])
+    monkeypatch.setattr("raytrain.cli.memory_plan._local_gpus", lambda: [gpu, gpu])
     out = json.loads(run("--params", "7e9", "--json").output)
     assert out["hardware"]["gpus"] == 2 and out["hardware"]["gpu_memory"] == 150_754_820_096
     assert any("NVIDIA H200" in n for n in out["notes"])

@@ -7,7 +7,7 @@ import pytest
 
 from raytrain.errors import ConfigError
 from raytrain.planner import search
-from raytrain.planner.memory import (Config, activation_memory, estimate, model_states, peak_allocated,
+from raytrain.planner.memory import (Layout, activation_memory, estimate, model_states, peak_allocated,
                                      zero3_working_set)
 from raytrain.planner.shape import shape_from_numbers
 from raytrain.planner.units import parse_count, parse_size
@@ -73,12 +73,12 @@ def test_zero3_working_set_is_one_gathered_layer():
 
 
 def test_tp_and_pp_divide_parameters_and_set_dp():
-    e = estimate(Config(zero=1, tp=2, pp=2), params=8_000_000_000, largest_layer=10**8, gpus=16, gpus_per_node=8)
+    e = estimate(Layout(zero=1, tp=2, pp=2), params=8_000_000_000, largest_layer=10**8, gpus=16, gpus_per_node=8)
     assert e.dp == 4
     expected = model_states(2e9, stage=1, dp=4)
     assert e.states.gpu_total == expected.gpu_total
     with pytest.raises(ValueError):
-        estimate(Config(zero=1, tp=4), params=10**9, largest_layer=1, gpus=6, gpus_per_node=6)
+        estimate(Layout(zero=1, tp=4), params=10**9, largest_layer=1, gpus=6, gpus_per_node=6)
 
 
 # -- DeepSpeed's estimators --------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_agrees_with_deepspeed_zero2_estimator(ds):
     for params, gpn, nodes in CASES:
         for offload in ("none", "optimizer"):
             ds_cpu, ds_gpu = z2(params, num_gpus_per_node=gpn, num_nodes=nodes, cpu_offload=offload != "none")
-            gpu, cpu = _ours(Config(zero=2, offload=offload), params, gpn, nodes)
+            gpu, cpu = _ours(Layout(zero=2, offload=offload), params, gpn, nodes)
             assert abs(gpu - ds_gpu) <= 1, (params, gpn, nodes, offload, gpu, ds_gpu)
             if nodes == 1:
                 assert abs(cpu - ds_cpu) <= 1, (params, gpn, offload, cpu, ds_cpu)
@@ -132,7 +132,7 @@ def test_agrees_with_deepspeed_zero3_estimator(ds):
                 ds_cpu, ds_gpu, ds_layer = z3(params, largest, num_gpus_per_node=gpn, num_nodes=nodes,
                                               cpu_offload=cpu_offload, cpu_offload_params=offload_params,
                                               zero_init=zero_init)
-                gpu, cpu = _ours(Config(zero=3, offload=offload), params, gpn, nodes, largest, zero_init)
+                gpu, cpu = _ours(Layout(zero=3, offload=offload), params, gpn, nodes, largest, zero_init)
                 assert zero3_working_set(largest, stage=3) == ds_layer
                 extra = 2 * params / n if offload == "none" else 0
                 assert abs(gpu - ds_gpu - extra) <= 2, (params, gpn, nodes, offload, zero_init, gpu, ds_gpu)
@@ -175,7 +175,7 @@ H200_MEASURED = [
 
 def _gpt(zero: int, micro_batch: int, grad_accum: int | None, **shape):
     s = {**GPT355M, **shape}
-    return estimate(Config(zero=zero, precision="bf16"), params=s["params"], largest_layer=s["largest_layer"], gpus=1,
+    return estimate(Layout(zero=zero, precision="bf16"), params=s["params"], largest_layer=s["largest_layer"], gpus=1,
                     gpus_per_node=1, seq=s["seq"], micro_batch=micro_batch, layers=s["layers"], hidden=s["hidden"],
                     heads=s["heads"], vocab=50304, flash_attention=True, grad_accum=grad_accum)
 
@@ -239,11 +239,11 @@ def test_chosen_is_the_fastest_candidate_that_fits():
     assert all(not c.fits for c in p.candidates[:at])
     assert all(c.relative_time >= chosen.relative_time for c in p.candidates[at:])
     # a plain data-parallel 7B with 8 x 2048 x 4 tokens cannot fit 80 GB (16 bytes/param = 112 GB alone)
-    assert chosen.config != Config(zero=0)
+    assert chosen.config != Layout(zero=0)
 
 
 def test_plenty_of_memory_chooses_plain_data_parallel_and_too_little_chooses_nothing():
-    assert _plan(params=125_000_000, gpu_memory=1000e9).chosen.config == Config(zero=0)
+    assert _plan(params=125_000_000, gpu_memory=1000e9).chosen.config == Layout(zero=0)
     assert _plan(gpu_memory=1e9).chosen is None
 
 
@@ -273,12 +273,12 @@ def test_margin_decides_fit():
 
 def test_speed_ordering():
     rt = search.relative_time
-    assert rt(Config(zero=2)) < rt(Config(zero=2, offload="optimizer")) < rt(Config(zero=3, offload="all"))
-    assert rt(Config(zero=0)) < rt(Config(zero=1)) < rt(Config(zero=2)) < rt(Config(zero=3))
-    assert rt(Config(zero=1)) < rt(Config(zero=1, checkpointing=True))
-    assert rt(Config(zero=1)) < rt(Config(zero=1, tp=2)) < rt(Config(zero=1, tp=4))
-    assert rt(Config(zero=1)) < rt(Config(zero=1, pp=2))
-    assert rt(Config(zero=1)) < rt(Config(zero=1, precision="fp32"))
+    assert rt(Layout(zero=2)) < rt(Layout(zero=2, offload="optimizer")) < rt(Layout(zero=3, offload="all"))
+    assert rt(Layout(zero=0)) < rt(Layout(zero=1)) < rt(Layout(zero=2)) < rt(Layout(zero=3))
+    assert rt(Layout(zero=1)) < rt(Layout(zero=1, checkpointing=True))
+    assert rt(Layout(zero=1)) < rt(Layout(zero=1, tp=2)) < rt(Layout(zero=1, tp=4))
+    assert rt(Layout(zero=1)) < rt(Layout(zero=1, pp=2))
+    assert rt(Layout(zero=1)) < rt(Layout(zero=1, precision="fp32"))
 
 
 def test_without_sequence_no_activations_and_a_note():

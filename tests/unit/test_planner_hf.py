@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from raytrain.cli.main import main as cli
 from raytrain.planner import memory
-from raytrain.planner.memory import Config, estimate, model_states
+from raytrain.planner.memory import Layout, estimate, model_states
 
 torch = importlib.import_module("torch")
 transformers = importlib.import_module("transformers")
@@ -36,12 +36,12 @@ def test_frozen_parameters_hold_only_their_parameter_bytes():
 
 def test_estimate_with_trainable_counts_the_trained_part_for_states_and_buckets():
     args = dict(params=10_000, largest_layer=1000, gpus=2, gpus_per_node=2)
-    full = estimate(Config(zero=1, precision="fp32"), **args)
-    lora = estimate(Config(zero=1, precision="fp32"), trainable=500, **args)
+    full = estimate(Layout(zero=1, precision="fp32"), **args)
+    lora = estimate(Layout(zero=1, precision="fp32"), trainable=500, **args)
     assert lora.states.gpu["params"] == full.states.gpu["params"]
     assert lora.states.gpu["optimizer"] == full.states.gpu["optimizer"] * 500 / 10_000
     assert lora.buffers == memory.reduce_bucket(500, "fp32") < full.buffers
-    assert estimate(Config(zero=1), trainable=None, **args).states == estimate(Config(zero=1), **args).states
+    assert estimate(Layout(zero=1), trainable=None, **args).states == estimate(Layout(zero=1), **args).states
 
 
 def test_a_peft_model_on_the_meta_device_counts_its_frozen_base(tmp_path):

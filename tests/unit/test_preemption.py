@@ -24,7 +24,7 @@ def test_sigterm_is_recorded_as_a_notice_and_a_second_one_ends_the_process(tmp_p
     boundary), a second one is taken as meant and ends the process as the previous handler would."""
     script = textwrap.dedent("""
         import os, signal, sys, time
-        from raytrain.runtime import preemption
+        from raytrain.runtime.worker import preemption
         assert preemption.install()
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 30
@@ -44,7 +44,7 @@ def test_sigterm_is_recorded_as_a_notice_and_a_second_one_ends_the_process(tmp_p
 def test_install_off_the_main_thread_says_so():
     import threading
 
-    from raytrain.runtime import preemption
+    from raytrain.runtime.worker import preemption
 
     out = []
     t = threading.Thread(target=lambda: out.append(preemption.install()))
@@ -54,7 +54,7 @@ def test_install_off_the_main_thread_says_so():
 
 
 def test_the_notice_file_brings_its_deadline(tmp_path, monkeypatch):
-    from raytrain.runtime import preemption
+    from raytrain.runtime.worker import preemption
 
     path = tmp_path / "notice"
     monkeypatch.setenv("RAYTRAIN_PREEMPT_FILE", str(path))
@@ -82,7 +82,7 @@ def test_the_notice_file_brings_its_deadline(tmp_path, monkeypatch):
 
 
 def test_a_later_notice_only_brings_the_deadline_forward():
-    from raytrain.runtime import preemption
+    from raytrain.runtime.worker import preemption
 
     preemption.reset()
     try:
@@ -95,7 +95,7 @@ def test_a_later_notice_only_brings_the_deadline_forward():
 
 
 def test_agreed_on_one_rank():
-    from raytrain.runtime import preemption
+    from raytrain.runtime.worker import preemption
 
     preemption.reset()
     try:
@@ -128,7 +128,7 @@ class _Ctx:
 
 
 def test_a_notice_saves_the_step_and_raises(capsys):
-    from raytrain.runtime import preemption
+    from raytrain.runtime.worker import preemption
 
     preemption.reset()
     ctx = _Ctx(last_save_s=None)
@@ -147,7 +147,7 @@ def test_a_notice_saves_the_step_and_raises(capsys):
 
 
 def test_a_deadline_shorter_than_the_last_save_writes_no_checkpoint(capsys):
-    from raytrain.runtime import preemption
+    from raytrain.runtime.worker import preemption
 
     preemption.reset()
     ctx = _Ctx(last_save_s=20.0)
@@ -255,7 +255,7 @@ def test_a_bad_grace_period_is_refused():
 
 def test_a_driver_sigterm_reaches_every_rank_through_the_board():
     """The driver's SIGTERM handler marks the job's board; every rank's next beat reply carries the notice."""
-    from raytrain.runtime.hang_watch import Board
+    from raytrain.runtime.driver.hang_watch import Board
 
     board = Board()
     assert "preempt" not in board.beat({"rank": 0, "pid": 1})
@@ -266,7 +266,7 @@ def test_a_driver_sigterm_reaches_every_rank_through_the_board():
 def test_the_trackers_get_the_runs_goodput_through_the_reports():
     """Rank 0's reports to --track's trackers carry the run's goodput (at most every 10 s), the earlier worker
     groups' part read from the run's record."""
-    from raytrain.runtime.reporter import Reporter
+    from raytrain.runtime.worker.reporter import Reporter
 
     record = [f"100.0 {format_event('metrics', step=1, wall_time=100.0, step_time_s=1.0)}",
               f"101.0 {format_event('metrics', step=2, wall_time=101.0, step_time_s=1.0)}",

@@ -3,7 +3,7 @@ import os
 import socket
 
 from raytrain.cli.progress import describe_preflight, describe_resize
-from raytrain.runtime.preflight import connect, decide, describe, listen, route_interface, source_address
+from raytrain.runtime.driver.preflight import connect, decide, describe, listen, route_interface, source_address
 
 
 def report(host, ip, interfaces, route_source, env=None, up=None):
@@ -111,7 +111,7 @@ def test_a_gpu_job_whose_worker_got_no_gpu_is_refused_naming_it():
 
 
 def test_a_worker_that_does_not_answer_is_named_instead_of_waited_for():
-    from raytrain.runtime.preflight import ANSWER_TIMEOUT_S, PreflightError, no_answer_error, unanswered
+    from raytrain.runtime.driver.preflight import ANSWER_TIMEOUT_S, PreflightError, no_answer_error, unanswered
 
     refs = ["ref0", "ref1", "ref2"]
     assert unanswered(refs, ["ref2", "ref1"]) == [1, 2]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from raytrain.ray_tuning import prestart
-from raytrain.runtime import early_imports
+from raytrain.runtime.worker import early_imports
 
 JOB = {"env_vars": {"RAY_ADDRESS": "127.0.0.1:6379", "RAYTRAIN_PLAN": "{\"a\": 1}"}, "working_dir": "gcs://pkg.zip"}
 

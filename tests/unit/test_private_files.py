@@ -42,7 +42,7 @@ def test_the_run_record_is_private(tmp_path, open_umask):
 
 def test_a_rank_log_is_private(tmp_path, open_umask):
     record = tmp_path / "run-1" / "raytrain"
-    script = ("import sys; from pathlib import Path; from raytrain.runtime import rank_log\n"
+    script = ("import sys; from pathlib import Path; from raytrain.runtime.worker import rank_log\n"
               "rank_log.start(Path(sys.argv[1]), 0, '10.0.0.1'); print('secret output', flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", script, str(record)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
@@ -55,7 +55,7 @@ def test_a_rank_log_is_private(tmp_path, open_umask):
 def test_tracker_files_are_private(tmp_path, open_umask):
     pytest.importorskip("mlflow")
     from raytrain.config.plan import Plan, Scaling
-    from raytrain.runtime import trackers
+    from raytrain.runtime.tracking import trackers
 
     plan = Plan(name="gpt", job_file="/j/gpt.py", job_dir="/j", job_module="gpt.py", job_args=[], deepspeed={},
                 scaling=Scaling(num_workers=1, use_gpu=False, resources_per_worker={"CPU": 1}),

@@ -70,7 +70,7 @@ def test_right_types_pass_and_ints_count_as_numbers(tmp_path):
 
 
 def test_every_declared_option_has_a_checked_type():
-    from raytrain.config.profile_types import ACCEPTED
+    from raytrain.config.config_file_types import ACCEPTED
 
     assert set(ACCEPTED) == set(SPECS) and all(ACCEPTED.values())
 

@@ -13,7 +13,7 @@ from raytrain import run_record
 from raytrain.api import failing_rank_tail
 from raytrain.cli.main import main
 from raytrain.events import JobFacts, format_event
-from raytrain.runtime import rank_log
+from raytrain.runtime.worker import rank_log
 from raytrain.status import JobInfo, JobState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def record_rank(folder, rank, ip, lines, tmp=None):
     script = (
         "import os, subprocess, sys\n"
         "from pathlib import Path\n"
-        "from raytrain.runtime import rank_log\n"
+        "from raytrain.runtime.worker import rank_log\n"
         "rank_log.start(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3])\n"
         "for line in sys.argv[4:]:\n"
         "    print(line)\n"
@@ -129,7 +129,7 @@ def test_lines_a_follow_already_showed_are_not_shown_again(tmp_path):
 
 
 def test_a_failure_shows_the_traceback_the_worker_sent_while_its_log_copy_is_behind(tmp_path):
-    """The rank's log reaches the storage through a copier of its own (raytrain.runtime.rank_log_copy), which
+    """The rank's log reaches the storage through a copier of its own (raytrain.runtime.worker.rank_log_copy), which
     may not have copied the error yet when the failure is reported: the traceback the worker sent with its
     failure (the error event's ``traceback``) is shown instead, once."""
     from raytrain.cli.progress import RecentLines
@@ -163,7 +163,7 @@ def test_a_workers_failure_carries_its_job_traceback_through_pickling(capsys):
     from the exception or one that it caused."""
     import pickle
 
-    from raytrain.runtime import worker_errors
+    from raytrain.runtime.worker import errors as worker_errors
 
     def job_code():
         raise ValueError("bad shard")
@@ -219,7 +219,7 @@ def test_a_storage_that_blocks_never_blocks_the_workers_prints(tmp_path):
     script = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from raytrain.runtime import rank_log\n"
+        "from raytrain.runtime.worker import rank_log\n"
         "rank_log.COPY_EVERY_S, rank_log.COPY_STALL_S, rank_log.FINAL_COPY_S = 0.2, 1.0, 2.0\n"
         "start = time.monotonic()\n"
         "rank_log.start(Path(sys.argv[1]), 0, '10.0.0.1')\n"

@@ -181,7 +181,7 @@ def test_a_preloaded_jemalloc_runs_python_and_torch(tmp_path):
     env = {**os.environ, "RAYTRAIN_CPU_ALLOCATOR": "jemalloc"}
     env.pop("LD_PRELOAD", None)
     assert light.preload_allocator(env) == light.jemalloc_library()
-    code = ("import torch; from raytrain.runtime.preflight import allocator; "
+    code = ("import torch; from raytrain.runtime.driver.preflight import allocator; "
             "x = torch.randn(512, 512); print(allocator(), float((x @ x).sum()) == float((x @ x).sum()))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ["jemalloc", "True"], proc.stdout + proc.stderr

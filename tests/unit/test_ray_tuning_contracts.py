@@ -266,7 +266,7 @@ def test_with_the_tunings_off_nothing_of_rays_private_modules_is_patched(tmp_pat
         "from ray._private.node import Node\n"
         "before = (services.start_ray_process, Node.start_ray_client_server)\n"
         "from raytrain.ray_tuning import ray_start\n"
-        "from raytrain.runtime import torch_backend\n"
+        "from raytrain.runtime.driver import trainer as torch_backend\n"
         "from ray.train import ScalingConfig\n"
         "ray_start.start_head_processes_quietly(ray_start.modules_to_load(), False, ray_start.startup_concurrency())\n"
         "assert not ray_start.ray_client_wanted() is False\n"

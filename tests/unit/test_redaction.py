@@ -92,10 +92,10 @@ def plan(storage, **kw):
 
 
 def test_ray_trains_config_is_redacted_and_the_workers_get_the_real_plan(tmp_path, monkeypatch):
-    from raytrain.runtime.worker import plan_of
+    from raytrain.runtime.worker.loop import plan_of
 
     real = plan(tmp_path, mlflow_uri=MLFLOW_URI)
-    config = {"plan": redact.plan_dict(real.to_dict())}  # what the driver gives Ray Train (runtime/driver.py)
+    config = {"plan": redact.plan_dict(real.to_dict())}  # what the driver gives Ray Train (runtime/driver/entrypoint.py)
     assert_clean(json.dumps(config), "train_loop_config")
     monkeypatch.setenv("RAYTRAIN_PLAN", real.to_json())  # every process of the job inherits it
     assert plan_of(config) == real
@@ -111,7 +111,7 @@ def test_tracker_files_hold_no_secret_and_job_args_only_when_asked(tmp_path, mon
     pytest.importorskip("mlflow")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    from raytrain.runtime import trackers
+    from raytrain.runtime.tracking import trackers
 
     p = plan(tmp_path, track=["tensorboard", "mlflow", "wandb"], track_args=track_args)
     lines = []

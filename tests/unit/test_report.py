@@ -8,7 +8,7 @@ import torch
 
 from raytrain.config import Options, resolve
 from raytrain.events import METRICS, parse_line
-from raytrain.runtime.context import TrainContext
+from raytrain.runtime.worker.context import TrainContext
 from tests.conftest import JOBS
 
 
@@ -62,7 +62,7 @@ class _FP16Engine:
 
 
 def test_an_fp16_engine_reports_its_loss_scale_and_skipped_steps(no_ray_train_report, capsys):
-    from raytrain.runtime.reporter import loss_scaling
+    from raytrain.runtime.worker.reporter import loss_scaling
 
     assert loss_scaling(_FP16Engine()) == {"skipped_steps": 3, "loss_scale": 32768.0}
     assert loss_scaling(None) == {} and loss_scaling(object()) == {}
@@ -90,7 +90,7 @@ def test_the_progress_line_shows_fp16_loss_scaling():
 def test_a_loss_scale_that_raises_is_not_swallowed():
     """An fp16 engine whose optimizer raises on ``loss_scale`` (a DeepSpeed that renamed what it reads) fails
     loudly instead of reporting no loss scale at all."""
-    from raytrain.runtime.reporter import loss_scaling
+    from raytrain.runtime.worker.reporter import loss_scaling
 
     class Broken:
         @property

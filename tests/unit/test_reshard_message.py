@@ -1,7 +1,7 @@
 """Resharding a ZeRO checkpoint to another number of workers goes through DeepSpeed's universal checkpoint,
 which re-cuts Adam-family optimizer state only. An SGD checkpoint used to fail with DeepSpeed's bare
 ``KeyError: 'exp_avg'``; the job now says what happened and what would work."""
-from raytrain.runtime.checkpoint import _conversion_failure
+from raytrain.runtime.checkpoint.files import _conversion_failure
 
 # The tail of `python -m deepspeed.checkpoint.ds_to_universal` (DeepSpeed 0.19.8) on a ZeRO-1 checkpoint saved
 # by 2 ranks with torch.optim.SGD(momentum=0.9): reproduced with a real 2-process gloo run.

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from raytrain.cli.main import main
 from raytrain.config import Options, resolve
-from raytrain.config.jobfile import check_job_file
+from raytrain.config.job_check import check_job_file
 from raytrain.config.script_args import find_config_arg, gives_option, replace_config_args
 from raytrain.errors import ConfigError
 from tests.conftest import JOBS, ROOT

@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from raytrain.runtime import script as sm
-from raytrain.runtime.script import Launch, ScriptExit, injected_args, launcher_env, run_script
+from raytrain.runtime.worker import script as sm
+from raytrain.runtime.worker.script import Launch, ScriptExit, injected_args, launcher_env, run_script
 
 CFG = "/tmp/raytrain-script-x/ds_config.json"
 DS = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}
@@ -210,7 +210,7 @@ def test_an_exception_class_of_the_script_survives_ray_serialization(tmp_path, r
 
 
 def test_driver_reports_the_rank_and_root_cause_of_a_script_exit():
-    from raytrain.runtime.driver import _one_line, _root_cause
+    from raytrain.runtime.driver.entrypoint import _one_line, _root_cause
 
     class WorkerGroupError(Exception):  # the shape of Ray Train's error: worker_failures by rank
         def __init__(self, failures):
@@ -310,7 +310,7 @@ def _spawned_worker(rank, world, port, path):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=rank, world_size=world)  # what Ray Train does before train_loop
-    from raytrain.runtime.script import _store_address
+    from raytrain.runtime.worker.script import _store_address
 
     addr, store_port = _store_address()
     assert (addr, store_port) == ("127.0.0.1", port), (addr, store_port)
@@ -350,7 +350,7 @@ def test_the_worker_dispatches_script_mode(tmp_path, ray_train, restored, monkey
     """train_loop_per_worker with plan["mode"] == "script": finds the file in the working_dir (on sys.path) and
     runs it with the place Ray Train's context gives."""
     from raytrain.config import Options, resolve
-    from raytrain.runtime.worker import train_loop_per_worker
+    from raytrain.runtime.worker.loop import train_loop_per_worker
 
     class Context:
         get_world_rank = staticmethod(lambda: 1)

@@ -92,7 +92,7 @@ def test_the_token_is_not_sent_to_a_listener_that_is_not_our_ray(raytrain_home, 
     ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     token = tmp_path / "tok"
     token.write_text("secret-token")
-    cluster = local_head.LocalCluster(
+    cluster = local_head.LocalHeadRecord(
         pid=ours.pid, dashboard_url=f"http://127.0.0.1:{port}", gcs_address="127.0.0.1:1", temp_dir=str(tmp_path),
         token_path=str(token), log_path=str(tmp_path / "log"), started_at=time.time(),
     )

@@ -8,7 +8,7 @@ import pytest
 from raytrain import paths
 from raytrain.clusters import ray_process
 from raytrain.errors import UnsafePath
-from raytrain.runtime import checkpoint
+from raytrain.runtime.checkpoint import files as checkpoint
 
 
 def _foreign(path, monkeypatch):

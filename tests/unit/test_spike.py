@@ -1,13 +1,13 @@
 """The guard's additions (issue 37): --spike-guard's rule, the rows a skip message names, ctx.dataset's row ids
-and the rows a rollback drops (raytrain.runtime.data, with the in-memory source of test_data_shards), the
+and the rows a rollback drops (raytrain.runtime.datasets.batches, with the in-memory source of test_data_shards), the
 rollback failure policy's decisions (Ray Train's own policy and errors), and the flags' checks."""
 import numpy as np
 import pytest
 
 from raytrain.errors import ConfigError
-from raytrain.runtime import guard, rollback
-from raytrain.runtime.data import Position, ShardBatches
-from raytrain.runtime.data_feed import BlockSource
+from raytrain.runtime.worker import guard, rollback
+from raytrain.runtime.datasets.batches import Position, ShardBatches
+from raytrain.runtime.datasets.feed import BlockSource
 
 
 # -- the spike rule ---------------------------------------------------------------------------------------

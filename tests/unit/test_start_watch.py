@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from raytrain.runtime import placement_watch
+from raytrain.runtime.driver import placement_watch
 
 
 def closed_port() -> int:

@@ -3,7 +3,7 @@ import pytest
 
 from raytrain.events import CAPACITY, ERROR, RESTARTING, STARTED, WAITING, JobFacts, format_event
 from raytrain.status import JobState, job_state, ray_job_state, rayjob_state, state_of
-from raytrain.targets.kuberay import RayJobTarget
+from raytrain.targets.kuberay_rayjob import KubeRayJobTarget
 
 SUBMITTED = "Job submission server address: http://raytrain-head-svc:8265\n"
 NOT_STARTED = JobFacts.from_lines([SUBMITTED])  # the driver runs, its workers are not placed yet
@@ -42,10 +42,10 @@ class _Conn:
         return next((c for c in candidates if c), "default")
 
 
-def _target(monkeypatch, status: dict, log: str) -> RayJobTarget:
+def _target(monkeypatch, status: dict, log: str) -> KubeRayJobTarget:
     from raytrain.clusters.profiles import default_k8s_profile
 
-    target = RayJobTarget(_Conn(), profile=default_k8s_profile(), namespace="team")
+    target = KubeRayJobTarget(_Conn(), profile=default_k8s_profile(), namespace="team")
     obj = {"metadata": {"name": "cnn-x"}, "spec": {"metadata": {"name": "cnn"}}, "status": status}
     monkeypatch.setattr(target, "_get", lambda job_id: obj)
     monkeypatch.setattr(target, "_submitter_log", lambda job_id: (log, None))
@@ -79,7 +79,7 @@ class _Kube:
         raise self.error
 
 
-def _unreadable(monkeypatch, error) -> RayJobTarget:
+def _unreadable(monkeypatch, error) -> KubeRayJobTarget:
     target = _target(monkeypatch, RUNNING_RAYJOB, "")
     monkeypatch.undo()  # the real _submitter_log, over a client whose pod-log read fails
     monkeypatch.setattr(target, "_get", lambda job_id: {"metadata": {"name": "cnn-x"}, "status": RUNNING_RAYJOB})

@@ -8,7 +8,7 @@ import pytest
 
 from raytrain import run_record
 from raytrain.config.plan import Plan, Scaling
-from raytrain.runtime import trackers
+from raytrain.runtime.tracking import trackers
 
 
 def plan(storage, track, **kw):

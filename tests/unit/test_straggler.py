@@ -1,5 +1,5 @@
-"""The straggler rule (raytrain.straggler), the compute timing on a worker (raytrain.runtime.heartbeat,
-raytrain.runtime.collective_time) and how status and progress show a straggler."""
+"""The straggler rule (raytrain.straggler), the compute timing on a worker (raytrain.runtime.worker.heartbeat,
+raytrain.runtime.worker.collective_time) and how status and progress show a straggler."""
 import json
 import random
 from pathlib import Path
@@ -86,7 +86,7 @@ def test_recorded_clean_run_of_500_steps_gives_no_alarm():
 
 
 def test_a_workers_compute_time_leaves_out_collective_waits_and_checkpoints(monkeypatch):
-    from raytrain.runtime import collective_time, heartbeat
+    from raytrain.runtime.worker import collective_time, heartbeat
 
     clock = [100.0]
     monkeypatch.setattr(heartbeat.time, "time", lambda: clock[0])
@@ -118,7 +118,7 @@ def test_collective_time_counts_the_time_inside_work_wait():
     import torch
     import torch.distributed as dist
 
-    from raytrain.runtime import collective_time
+    from raytrain.runtime.worker import collective_time
 
     assert collective_time.install()
     before = collective_time.seconds()
@@ -146,7 +146,7 @@ def test_status_and_the_progress_line_name_a_straggler_until_it_recovers():
 
 
 def test_the_board_passes_a_straggler_to_rank_0s_trackers():
-    from raytrain.runtime.hang_watch import Board
+    from raytrain.runtime.driver.hang_watch import Board
 
     board = Board()
     assert "straggler" not in board.beat({"rank": 0, "pid": 1})

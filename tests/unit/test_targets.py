@@ -10,10 +10,10 @@ from raytrain.clusters.profiles import load_cluster_profile
 from raytrain.config import Options, resolve
 from raytrain.errors import ConfigError
 from raytrain.targets.factory import TargetOptions, make_target
-from raytrain.targets.k8s_portforward import RayClusterJobsTarget
-from raytrain.targets.kuberay import RayJobTarget
+from raytrain.targets.kuberay_portforward import KubeRayPortForwardTarget
+from raytrain.targets.kuberay_rayjob import KubeRayJobTarget
 from raytrain.targets.local import LocalTarget
-from raytrain.targets.ray_jobs import RayJobsTarget
+from raytrain.targets.ray_jobs_api import RayJobsApiTarget
 from tests.conftest import JOBS, ROOT
 
 EXAMPLE = ROOT / "cluster" / "k8s-example.yaml"  # 2 worker pods of 8 GPUs; storage /mnt/checkpoints
@@ -40,17 +40,17 @@ def _local(tmp_path):
 
 
 def _address(tmp_path):
-    target = RayJobsTarget("http://127.0.0.1:1")
+    target = RayJobsApiTarget("http://127.0.0.1:1")
     target.dashboard.nodes = lambda: [Node("n1", "10.0.0.1", {"CPU": 64.0, "GPU": 8.0})]  # no cluster here
     return target
 
 
 def _rayjob(tmp_path):
-    return RayJobTarget(Conn(), profile=load_cluster_profile(EXAMPLE), namespace="team", working_dir="/app")
+    return KubeRayJobTarget(Conn(), profile=load_cluster_profile(EXAMPLE), namespace="team", working_dir="/app")
 
 
 def _port_forward(tmp_path):
-    target = RayClusterJobsTarget(Conn(), ray_cluster="shared", namespace="team", forwarder=lambda r: 1 / 0)
+    target = KubeRayPortForwardTarget(Conn(), ray_cluster="shared", namespace="team", forwarder=lambda r: 1 / 0)
     target._raycluster = render_raycluster(load_cluster_profile(EXAMPLE), "shared", "team")  # as the server holds it
     return target
 
@@ -75,18 +75,18 @@ def test_a_rayjobs_capacity_is_the_cluster_its_request_brings(raytrain_home, tmp
     request = target.dry_run(plan)
     assert sum(n.resources.get("GPU", 0) for n in target.nodes()) == 16  # the profile's cluster
     assert sum(n.resources.get("GPU", 0) for n in target.nodes(request)) == 24  # the RayJob's own
-    named = RayJobTarget(Conn(), profile=load_cluster_profile(EXAMPLE), namespace="team", working_dir="/app",
+    named = KubeRayJobTarget(Conn(), profile=load_cluster_profile(EXAMPLE), namespace="team", working_dir="/app",
                          submission_id="cnn-fixed")
     assert named.dry_run(plan).to_dict() == named.dry_run(plan).to_dict()  # a given id: the very same request
 
 
 def test_the_factory_builds_every_target(raytrain_home, monkeypatch):
     assert isinstance(make_target(), LocalTarget)
-    assert type(make_target(TargetOptions(address="http://h:8265"))) is RayJobsTarget
+    assert type(make_target(TargetOptions(address="http://h:8265"))) is RayJobsApiTarget
     monkeypatch.setenv("RAYTRAIN_ADDRESS", "http://h:8265")
-    assert type(make_target()) is RayJobsTarget
+    assert type(make_target()) is RayJobsApiTarget
     assert isinstance(make_target(TargetOptions(address="local")), LocalTarget)
-    assert isinstance(make_target(TargetOptions(k8s=True, rayjob=True, namespace="team")), RayJobTarget)
+    assert isinstance(make_target(TargetOptions(k8s=True, rayjob=True, namespace="team")), KubeRayJobTarget)
     with pytest.raises(ConfigError, match="--namespace is a Kubernetes option: add --k8s"):
         make_target(TargetOptions(namespace="team"))
     with pytest.raises(ConfigError, match="--address and --k8s"):
@@ -95,11 +95,11 @@ def test_the_factory_builds_every_target(raytrain_home, monkeypatch):
 
 def test_targets_say_how_to_reach_them_again(raytrain_home):
     assert LocalTarget().reconnect_flags() == []
-    assert RayJobsTarget("http://h:8265").reconnect_flags() == ["--address", "http://h:8265"]
+    assert RayJobsApiTarget("http://h:8265").reconnect_flags() == ["--address", "http://h:8265"]
     # `jobs ... --k8s` alone looks at RayJobs; a job on a RayCluster's Jobs API needs --cluster (was dropped)
     assert _rayjob(None).reconnect_flags() == ["--k8s", "--namespace", "team"]
     assert _port_forward(None).reconnect_flags() == ["--k8s", "--cluster", "shared", "--namespace", "team"]
-    assert LocalTarget().storage_is_local and not RayJobsTarget("http://h:8265").storage_is_local
+    assert LocalTarget().storage_is_local and not RayJobsApiTarget("http://h:8265").storage_is_local
     assert not LocalTarget(auto_start=False).running()  # before `cluster up`
 
 
@@ -167,7 +167,7 @@ def test_recovery_without_shared_storage_is_refused_off_this_machine(flags, name
     from raytrain.clusters.profiles import default_k8s_profile
 
     options = dict(job=str(JOBS / "cnn.py"), gpus_per_worker=1, **flags)
-    no_storage_rayjob = RayJobTarget(Conn(), profile=default_k8s_profile(), namespace="team", working_dir="/app")
+    no_storage_rayjob = KubeRayJobTarget(Conn(), profile=default_k8s_profile(), namespace="team", working_dir="/app")
     for target in (_address(tmp_path), no_storage_rayjob):
         with pytest.raises(ConfigError, match=f"{named} on .* with no --storage") as err:
             api.dry_run(Options(**options), target)

@@ -6,8 +6,8 @@ from rich.console import Console
 
 from raytrain.cli.progress import ProgressPrinter, describe_eta, describe_metrics
 from raytrain.events import JobFacts, format_event
-from raytrain.runtime.reporter import Reporter
-from raytrain.runtime.throughput import derived, peak_tflops, steps_from_args
+from raytrain.runtime.worker.reporter import Reporter
+from raytrain.runtime.worker.throughput import derived, peak_tflops, steps_from_args
 
 
 def test_the_runs_length_comes_from_a_steps_argument():

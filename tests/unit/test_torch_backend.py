@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from raytrain.ray_tuning import lazy_torch, lean_trainer
-from raytrain.runtime import early_imports, preflight, torch_backend
+from raytrain.runtime.worker import early_imports
+from raytrain.runtime.driver import preflight, trainer as torch_backend
 
 CHECK = """
 import sys, ray.cloudpickle as cp
@@ -33,7 +34,7 @@ def test_the_controller_unpickles_the_backend_without_importing_torch():
 
 def test_the_driver_builds_its_trainer_without_importing_torch():
     code = ("import sys\n"
-            "from raytrain.runtime import driver, torch_backend, worker\n"
+            "from raytrain.runtime.driver import entrypoint as driver, trainer as torch_backend; from raytrain.runtime.worker import loop as worker\n"
             "from ray.train import ScalingConfig\n"
             "torch_backend.trainer(lambda c: None, backend_config_args={'timeout_s': 1, 'interface': None},\n"
             "                      scaling_config=ScalingConfig(num_workers=1))\n"

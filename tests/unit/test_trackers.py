@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raytrain.config.plan import Plan, Scaling
-from raytrain.runtime import trackers
+from raytrain.runtime.tracking import trackers
 
 
 def plan(storage, track, **kw):
@@ -167,7 +167,7 @@ def stop_driver(p, tmp_path, warm_mlflow: bool) -> str:
         "from raytrain.config.plan import Plan\n"
         "from pathlib import Path\n"
         "from raytrain import run_record\n"
-        "from raytrain.runtime import driver, trackers\n"
+        "from raytrain.runtime.driver import entrypoint as driver; from raytrain.runtime.tracking import trackers\n"
         "plan = Plan.from_dict(json.loads(sys.argv[1]))\n"
         "run_record.start(plan.storage, 'run-1', 'driver')\n"
         "driver.record_when_stopped(plan, 'run-1')\n"
@@ -227,7 +227,7 @@ def test_a_stop_that_lands_in_the_middle_of_a_write_to_stdout_still_records_it(t
         "import io, json, os, signal, sys, time\n"
         "from raytrain.config.plan import Plan\n"
         "from raytrain import run_record\n"
-        "from raytrain.runtime import driver\n"
+        "from raytrain.runtime.driver import entrypoint as driver\n"
         "plan = Plan.from_dict(json.loads(sys.argv[1]))\n"
         "run_record.start(plan.storage, 'run-1', 'driver')\n"
         "driver.record_when_stopped(plan, 'run-1')\n"
@@ -261,7 +261,7 @@ def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path, monkeypa
     worker = (  # rank 0's process: logs two steps and dies (its W&B run never finished)
         "import json, os, sys\n"
         "from raytrain.config.plan import Plan\n"
-        "from raytrain.runtime import trackers\n"
+        "from raytrain.runtime.tracking import trackers\n"
         "t = trackers.start(Plan.from_dict(json.loads(sys.argv[1])), rank=0, run_name='run-1')\n"
         "t.report({'step': 1, 'loss': 2.0}); t.report({'step': 2, 'loss': 1.0}); t.flush()\n"
         "os._exit(1)\n"
@@ -275,7 +275,7 @@ def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path, monkeypa
         "import json, sys\n"
         "from pathlib import Path\n"
         "from raytrain.config.plan import Plan\n"
-        "from raytrain.runtime import trackers\n"
+        "from raytrain.runtime.tracking import trackers\n"
         "ended = trackers.end_runs(Plan.from_dict(json.loads(sys.argv[1])), Path(sys.argv[2]), 'failed', "
         "run_name='run-1')\n"
         "print('ENDED', json.dumps(ended), flush=True)\n"

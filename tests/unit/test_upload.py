@@ -106,7 +106,7 @@ def test_dry_run_shows_the_upload_and_a_too_large_one_is_refused(raytrain_home, 
 
 
 def test_only_a_request_with_nothing_to_upload_skips_rays_jobs_client():
-    from raytrain.targets.ray_jobs import nothing_to_upload
+    from raytrain.targets.ray_jobs_api import nothing_to_upload
 
     assert nothing_to_upload({"env_vars": {"PYTHONPATH": "/copy:${PYTHONPATH}"}})  # the local target's
     assert not nothing_to_upload({"working_dir": "/jobs", "env_vars": {}})  # --address, RAYTRAIN_LOCAL_UPLOAD=1

@@ -49,7 +49,7 @@ def ray_train(monkeypatch):
 
 
 def test_the_worker_runs_train_with_a_ctx_from_the_typed_plan(tmp_path, ray_train, monkeypatch, capsys):
-    from raytrain.runtime.worker import train_loop_per_worker
+    from raytrain.runtime.worker.loop import train_loop_per_worker
 
     folder = tmp_path / "job"
     folder.mkdir()
@@ -89,7 +89,7 @@ def train(ctx):
 def test_the_worker_freezes_the_heap_it_imported_before_the_job_runs(tmp_path, ray_train, monkeypatch):
     import gc
 
-    from raytrain.runtime.worker import train_loop_per_worker
+    from raytrain.runtime.worker.loop import train_loop_per_worker
 
     folder = tmp_path / "job"
     folder.mkdir()
@@ -112,7 +112,7 @@ def test_the_worker_freezes_the_heap_it_imported_before_the_job_runs(tmp_path, r
 def test_the_collector_is_off_while_importing_and_back_on_after(monkeypatch):
     import gc
 
-    from raytrain.runtime.early_imports import collector_paused
+    from raytrain.runtime.worker.early_imports import collector_paused
 
     try:
         with collector_paused():
@@ -133,7 +133,7 @@ def test_a_failing_job_prints_its_traceback_once_from_its_own_frames(tmp_path, r
                                                                       caplog):
     import logging
 
-    from raytrain.runtime.worker import train_loop_per_worker
+    from raytrain.runtime.worker.loop import train_loop_per_worker
     from raytrain.ray_tuning.ray_access import RAY_TRAIN_ERROR_LOGGER as RAY_TRAIN_UTIL_LOGGER
 
     folder = tmp_path / "job"
@@ -159,7 +159,7 @@ def test_a_failing_job_prints_its_traceback_once_from_its_own_frames(tmp_path, r
 
 def test_ctx_keeps_the_surface_jobs_use():
     """What the README's ctx table and the jobs use, on the one object train(ctx) receives."""
-    from raytrain.runtime.context import TrainContext
+    from raytrain.runtime.worker.context import TrainContext
     from tests.conftest import JOBS
 
     ctx = TrainContext(resolve(Options(job=str(JOBS / "cnn.py"), workers=1)), rank=0, local_rank=0, world_size=1,

@@ -7,10 +7,10 @@ from raytrain.checkpoints import marker as markers
 from raytrain.checkpoints.marker import Marker
 from raytrain.config import Options, resolve
 from raytrain.events import METRICS, RESIZED, parse_line
-from raytrain.runtime import reporter as reporter_module
-from raytrain.runtime.checkpointer import Checkpointer
-from raytrain.runtime.reporter import Reporter, as_float
-from raytrain.runtime.resize import fit_to_world_size
+from raytrain.runtime.worker import reporter as reporter_module
+from raytrain.runtime.checkpoint.lifecycle import Checkpointer
+from raytrain.runtime.worker.reporter import Reporter, as_float
+from raytrain.runtime.worker.resize import fit_to_world_size
 from tests.conftest import JOBS
 
 

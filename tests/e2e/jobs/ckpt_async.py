@@ -4,7 +4,7 @@ saves the gathered parameters (--params-out) so two runs can be compared tensor 
 
 Test handshakes (only on a run that was not restored, so a restart runs clean):
 ``--slow-upload STEP:SECONDS`` (repeatable): every rank holds the writing of step STEP's checkpoint SECONDS on
-the upload thread (raytrain.runtime.async_checkpoint.BEFORE_WRITE), while training goes on.
+the upload thread (raytrain.runtime.checkpoint.async_save.BEFORE_WRITE), while training goes on.
 ``--sigkill-at-step N --hold-upload-step M``: rank 1 holds its step-M upload; after step N's report rank 0
 waits until its own step-M files are in storage, then rank 1 (whose upload is still held) is SIGKILLed.
 """
@@ -45,7 +45,7 @@ def batch(step, rank, n, dim):
 
 
 def install_hooks(ctx, args):
-    from raytrain.runtime import async_checkpoint
+    from raytrain.runtime.checkpoint import async_save as async_checkpoint
 
     holding = threading.Event()
     slow = dict(tuple(float(v) for v in spec.split(":")) for spec in args.slow_upload)

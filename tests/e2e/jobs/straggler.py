@@ -24,7 +24,7 @@ def train(ctx):
     torch.manual_seed(0)
     engine = ctx.deepspeed(nn.Linear(8, 1), optimizer=lambda params: torch.optim.SGD(list(params), lr=0.01))
     a = torch.randn(32, 32)
-    from raytrain.runtime import heartbeat
+    from raytrain.runtime.worker import heartbeat
 
     measured = {}
     for step in range(ctx.start_step, args.steps):

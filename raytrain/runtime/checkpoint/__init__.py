@@ -1,0 +1,1 @@
+"""Checkpoints on a worker: DeepSpeed's files with the data position (files), one run's resume/restore/save schedule (lifecycle), a Hugging Face Trainer's checkpoints (hf_trainer). Not activation checkpointing (``ctx.activation_checkpointed``)."""

@@ -1,0 +1,1 @@
+"""The job's Ray drivers, on the head: the training driver (entrypoint: phases capacity, storage, resume, data, fit, outcome), the checks and watches it runs, and the utilities the CLI runs as Ray jobs (gpus, placement_watch, hang_watch)."""

@@ -1,0 +1,1 @@
+"""``--track``: TensorBoard, MLflow and W&B runs logged from rank 0."""
