@@ -23,7 +23,7 @@ def rewriter(reshape):
 
 CASES = [
     ("from raytrain.runtime import driver, early_imports\n",
-     "from raytrain.runtime.driver import entrypoint as driver\nfrom raytrain.runtime import early_imports\n"),
+     "from raytrain.runtime.driver import entrypoint as driver\nfrom raytrain.runtime.worker import early_imports\n"),
     ("    from raytrain.runtime import data_feed, data_source  # why\n",
      "    from raytrain.runtime.datasets import feed as data_feed, source as data_source  # why\n"),
     ("from raytrain.runtime import heartbeat\n", "from raytrain.runtime.worker import heartbeat\n"),

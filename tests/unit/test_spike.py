@@ -228,7 +228,7 @@ def test_a_rollback_is_retried_without_counting_a_failure_and_capped():
 
 
 def test_a_rollback_is_known_through_the_errors_ray_wraps_it_in():
-    wrapped = RuntimeError("ray.exceptions.RayTaskError: Traceback ...\nraytrain.runtime.rollback.Rollback: back")
+    wrapped = RuntimeError(f"ray.exceptions.RayTaskError: Traceback ...\n{rollback.__name__}.Rollback: back")
     assert rollback.kind_of(wrapped) == "Rollback"
     outer = RuntimeError("outer")
     outer.__cause__ = rollback.RollbackLimit("x")

@@ -84,7 +84,7 @@ def kind_of(exc: BaseException) -> str | None:
             return name
         text = str(exc)  # a RayTaskError's text names the worker's exception type
         for kind in ("RollbackLimit", "Rollback"):
-            if f"raytrain.runtime.worker.rollback.{kind}" in text or f"\n{kind}: " in text or text.startswith(f"{kind}: "):
+            if f"{__name__}.{kind}" in text or f"\n{kind}: " in text or text.startswith(f"{kind}: "):
                 return kind
         nxt = getattr(exc, "cause", None) or exc.__cause__
         exc = nxt if isinstance(nxt, BaseException) else None
