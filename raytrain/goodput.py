@@ -17,6 +17,7 @@ log has the driver's start time.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -119,15 +120,30 @@ class Feed:
         self.facts = JobFacts.from_lines(record_lines or [])
         self.every_s = every_s
         self._last = -float("inf")
+        self._lock = threading.Lock()  # async saves add their commits from the saver's thread
+        self._checkpoint: dict[str, float] = {}  # the latest save's costs, for the next report
 
     def add(self, event: dict) -> None:
-        self.facts.add(event)
+        from raytrain import events
+
+        with self._lock:
+            self.facts.add(event)
+            kind = event.get("event")
+            if kind == events.CHECKPOINT_STALL and isinstance(event.get("stall_s"), (int, float)):
+                self._checkpoint["checkpoint/stall_s"] = event["stall_s"]
+            elif kind == events.CHECKPOINT:
+                self._checkpoint.update({f"checkpoint/{k}": event[k] for k in events.TIMING_KEYS
+                                         if isinstance(event.get(k), (int, float))})
 
     def update(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        self.facts.add({"event": "metrics", **metrics})
-        now = float(metrics.get("wall_time") or time.time())
-        if now - self._last < self.every_s:
-            return {}
-        self._last = now
-        g = goodput(self.facts, now=now)
-        return {"goodput": g["goodput"]} if g and g.get("goodput") is not None else {}
+        """What the trackers get with this report: a save's costs once (``checkpoint/stall_s``,
+        ``checkpoint/snapshot_s``, ``checkpoint/write_s``, ...), the goodput at most every ``every_s``."""
+        with self._lock:
+            self.facts.add({"event": "metrics", **metrics})
+            out, self._checkpoint = self._checkpoint, {}
+            now = float(metrics.get("wall_time") or time.time())
+            if now - self._last < self.every_s:
+                return out
+            self._last = now
+            g = goodput(self.facts, now=now)
+        return {**out, **({"goodput": g["goodput"]} if g and g.get("goodput") is not None else {})}

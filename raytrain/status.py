@@ -158,4 +158,7 @@ class JobInfo:
             out["waiting"] = (self.facts.waiting or {}).get("message")
             out["goodput"] = self.goodput()
             out["preempted"] = self.facts.preempted
+            from raytrain.events import checkpoint_timings
+
+            out["checkpoint_timings"] = checkpoint_timings(self.facts)
         return out

@@ -137,6 +137,12 @@ def status(job_id, address, as_json, show_timings, storage, **k8s):
         click.echo(f"restarts  {facts.restarts}")
     for event in (facts.preempted if facts else []):
         click.echo(f"preempted {event.get('message', '')[len('preempted: '):]}")
+    if facts and facts.checkpoint_events:
+        from raytrain.events import checkpoint_timings, describe_checkpoint
+
+        rows = checkpoint_timings(facts)
+        more = f" ({len(rows)} committed)" if len(rows) > 1 else ""
+        click.echo(f"ckpt      {describe_checkpoint(rows[-1])}{more}")
     if facts:
         from raytrain import goodput
 

@@ -80,6 +80,19 @@ def test_async_and_sync_saves_agree_and_async_waits_are_reported(cli, tmp_path):
     assert float(end[0].split("waited ")[1].split(" s")[0]) > 2.0, end  # it did wait for the held upload
     listed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", "--all", check=True).stdout)
     assert [c["step"] for c in listed] == [2, 4, 6] and all(c["complete"] for c in listed), listed
+    # jobs status: each save's costs
+    status = json.loads(cli("jobs", "status", info["id"], "--json", check=True).stdout)
+    rows = {r["step"]: r for r in status["checkpoint_timings"]}
+    assert sorted(rows) == [2, 4, 6] and all(r["mode"] == "async" for r in rows.values()), rows
+    for r in rows.values():
+        assert {"stall_s", "snapshot_s", "write_s", "upload_s"} <= set(r) and r["stall_s"] >= r["snapshot_s"] > 0, r
+    assert rows[2]["stall_s"] < 5.0, rows[2]  # its write was held 6 s on the upload thread, not on the step
+    assert rows[4]["wait_s"] > 1.0, rows[4]  # step 4's save waited for step 2's
+    text = cli("jobs", "status", info["id"], check=True).stdout
+    assert "ckpt      step 6 (async): stall " in text and "snapshot" in text and "(3 committed)" in text, text
+    sync_rows = json.loads(cli("jobs", "status", sync_info["id"], "--json", check=True).stdout)["checkpoint_timings"]
+    assert [(r["step"], r["mode"]) for r in sync_rows] == [(2, "sync"), (4, "sync"), (6, "sync")], sync_rows
+    assert all(r["stall_s"] > 0 for r in sync_rows), sync_rows
 
 
 def test_async_saves_under_a_pipeline_agree_with_sync(cli):

@@ -286,3 +286,27 @@ def test_the_trackers_get_the_runs_goodput_through_the_reports():
     first, second = reporter.trackers.reports
     # 11 s since step 1: steps 2 and 3 (1 s each), 2 s lost before the restart, 7 s of restart
     assert first["goodput"] == pytest.approx(2 / 11, abs=1e-3) and "goodput" not in second
+
+
+def test_each_saves_costs_reach_jobs_status_and_the_trackers_once():
+    from raytrain import events, goodput
+    from raytrain.events import JobFacts, checkpoint_timings, describe_checkpoint, format_event
+
+    lines = [f"100.0 {format_event('checkpoint_stall', step=2, stall_s=0.11, time=100.0)}",
+             f"101.0 {format_event('checkpoint', step=2, mode='async', snapshot_s=0.06, write_s=0.8, upload_s=6.1, wait_s=0.0)}",
+             f"102.0 {format_event('checkpoint', step=4, mode='sync', stall_s=1.2)}"]
+    facts = JobFacts.from_lines(lines)
+    rows = checkpoint_timings(facts)
+    assert rows == [{"step": 2, "mode": "async", "stall_s": 0.11, "snapshot_s": 0.06, "write_s": 0.8,
+                     "upload_s": 6.1, "wait_s": 0.0},
+                    {"step": 4, "mode": "sync", "stall_s": 1.2}]
+    assert describe_checkpoint(rows[0]) == "step 2 (async): stall 0.11 s; snapshot 0.06 s, write 0.80 s, upload 6.10 s, wait 0.00 s"
+    assert describe_checkpoint(rows[1]) == "step 4 (sync): stall 1.20 s"
+    feed = goodput.Feed([])
+    feed.add({"event": events.CHECKPOINT_STALL, "step": 2, "stall_s": 0.11})
+    feed.add({"event": events.CHECKPOINT, "step": 2, "mode": "async", "snapshot_s": 0.06, "upload_s": 6.1})
+    first = feed.update({"step": 3, "wall_time": 200.0, "step_time_s": 1.0})
+    second = feed.update({"step": 4, "wall_time": 201.0, "step_time_s": 1.0})
+    assert {k: first[k] for k in ("checkpoint/stall_s", "checkpoint/snapshot_s", "checkpoint/upload_s")} == \
+        {"checkpoint/stall_s": 0.11, "checkpoint/snapshot_s": 0.06, "checkpoint/upload_s": 6.1}
+    assert not any(k.startswith("checkpoint/") for k in second)  # once per save

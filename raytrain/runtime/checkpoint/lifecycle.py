@@ -29,6 +29,7 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self._universal: str | None = None  # a resharded copy of the restore point (see prepare_restore)
         self.hf_model: dict | None = None  # a Hugging Face model's config, class and adapter (runtime.hf.model)
+        self.on_commit: Callable[[dict], None] | None = None  # rank 0 with --track: each commit's event
 
     @property
     def saved_world_size(self) -> int | None:
@@ -88,17 +89,22 @@ class Checkpointer:
         self.last_saved_step = step
         heartbeat.STATE.enter("data")
         if self.rank == 0:
-            events.emit(events.CHECKPOINT, step=step, mode="sync", stall_s=round(time.perf_counter() - started, 4))
+            self._committed(step=step, mode="sync", stall_s=round(time.perf_counter() - started, 4))
 
     def _save_async(self, engine: Any, metrics: dict[str, Any], state: dict[str, Any], step: int) -> None:
         from raytrain.runtime.checkpoint.async_save import AsyncSaver
 
         if self._async is None:
-            self._async = AsyncSaver(rank=self.rank, emit=lambda **kw: events.emit(events.CHECKPOINT, **kw),
+            self._async = AsyncSaver(rank=self.rank, emit=self._committed,
                                      log=lambda line: print(line, flush=True), register=wait_until_registered)
         self._async.save(engine, world_size=self.world_size, step=step, user_state=state, metrics=metrics,
                          hf_model=self.hf_model)
         self.last_saved_step = step
+
+    def _committed(self, **event: Any) -> None:
+        events.emit(events.CHECKPOINT, **event)
+        if self.on_commit is not None:
+            self.on_commit({"event": events.CHECKPOINT, **event})
 
     def finish(self) -> None:
         """The end of the job: wait for the save in flight (async mode) and say so (rank 0, one line)."""

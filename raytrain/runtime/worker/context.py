@@ -492,6 +492,7 @@ def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") ->
         if ctx._reporter.trackers is not None:  # a hang's summary reaches the trackers too
             heartbeat.ON_HANG.append(ctx._reporter.trackers.note)
             ctx._reporter.goodput = _goodput_feed(plan, run_name)
+            ctx._checkpoints.on_commit = ctx._reporter.goodput.add  # each save's costs reach the trackers
     interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
     if interval > 0:
         ctx.start_monitor(interval)
