@@ -150,9 +150,12 @@ def check_trainer_batch(checkpoint: str, the_plan: Plan) -> None:
 def submit_request(target: Target, request: Request) -> JobHandle:
     check_here(target, request.plan)
     target.ensure_running()
-    for line in target.check_versions():
-        print(f"raytrain: {line}", file=sys.stderr)
-    check_capacity(target, request.plan, request)
+    if target.nodes_without_connecting:  # refused before a port-forward is opened
+        check_capacity(target, request.plan, request)
+    for line in target.check_versions():  # before a capacity read of the cluster: a Ray it cannot run on
+        print(f"raytrain: {line}", file=sys.stderr)  # is named as such, not as a failing request
+    if not target.nodes_without_connecting:
+        check_capacity(target, request.plan, request)
     handle = target.submit(_with_client_timings(request))
     run_record.remember(handle.job_id, request.plan.storage)
     return handle

@@ -206,6 +206,9 @@ class Target(abc.ABC):
     address: str = ""
     # The run's storage is on this machine: checks of it (--resume) can run here before submitting.
     storage_is_local: bool = False
+    # nodes() reads a description of the cluster (a RayCluster's spec), not the cluster: its capacity check
+    # runs before anything connects to it (the version check does connect)
+    nodes_without_connecting: bool = False
 
     # -- the cluster --------------------------------------------------------------------------------------
     def running(self) -> bool:

@@ -65,6 +65,8 @@ class KubeRayPortForwardTarget(RayJobsApiTarget):
     def port_forward_request(self) -> PortForwardRequest:
         return build_port_forward(self.raycluster(), self.local_port)
 
+    nodes_without_connecting = True
+
     def nodes(self, request: Request | None = None) -> list[Node]:
         return nodes_from_spec(self.raycluster().get("spec") or {})
 
