@@ -117,6 +117,10 @@ class KubeRayPortForwardTarget(RayJobsApiTarget):
         self.open()
         return super().client
 
+    def check_versions(self, timeout_s: float | None = None) -> list[str]:
+        self.open()  # the cluster's dashboard answers only through the tunnel
+        return super().check_versions() if timeout_s is None else super().check_versions(timeout_s)
+
     def submit(self, request: Request) -> JobHandle:
         self.open()
         return super().submit(request)
