@@ -106,6 +106,13 @@ class Checkpointer:
         if self.on_commit is not None:
             self.on_commit({"event": events.CHECKPOINT, **event})
 
+    def wait_in_flight(self) -> float:
+        """Block until the save in flight (async mode) is committed; the seconds waited (0: none in flight)."""
+        saver = self._async
+        if saver is None or saver.current is None:
+            return 0.0
+        return saver.wait()
+
     def finish(self) -> None:
         """The end of the job: wait for the save in flight (async mode) and say so (rank 0, one line)."""
         saver = self._async

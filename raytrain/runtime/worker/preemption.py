@@ -225,6 +225,8 @@ def check(ctx: Any, metrics: dict[str, Any]) -> None:
         ctx._save(dict(metrics))
         save_s = ctx.last_save_s or 0.0
         saved = ctx._checkpoints.last_saved_step == step
+    if saved:  # an async save is committed only once every rank's files are uploaded: wait for that here
+        save_s += ctx._checkpoints.wait_in_flight()
     mark_done()
     if saved:
         message = f"preempted: {where}: checkpoint of step {step} committed in {save_s:.1f} s; restarting"
