@@ -110,6 +110,11 @@ def test_agreed_on_one_rank():
 class _Checkpoints:
     def __init__(self):
         self.last_saved_step = None
+        self.waited = 0
+
+    def wait_in_flight(self):  # sync saves here: nothing in flight
+        self.waited += 1
+        return 0.0
 
 
 class _Ctx:
