@@ -3,11 +3,11 @@ status` and the job's events; the alarm clears when it recovers; a clean run giv
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
 from raytrain import events, straggler
+from tests.e2e.test_hang import wait_for
 from tests.e2e.test_submit import job_id_of
 
 pytestmark = pytest.mark.e2e
@@ -17,15 +17,6 @@ FLAGS = ["--workers", "2", "--zero", "0", "--micro-batch", "4"]
 SLOW_FROM, SLOW_UNTIL = 30, 130  # after the detector's 20 warm-up steps
 
 
-def wait_for(path, needle, timeout, proc):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = path.read_text()
-        if needle in text:
-            return text
-        assert proc.poll() is None, f"submit ended before {needle!r} was printed:\n{text}"
-        time.sleep(0.3)
-    raise AssertionError(f"{needle!r} not seen within {timeout} s:\n{path.read_text()}")
 
 
 def compute_dumps(log: str) -> dict[int, list]:
