@@ -197,8 +197,9 @@ def main(argv: list[str]) -> int:
         _start_watch()
     guard_time = _time_guard() if os.environ.get("BARE_RUNNER_GUARD_TIMING") else None
     waits = _count_waits() if guard_time is not None and not os.environ.get("BARE_RUNNER_NO_GUARD") else None
-    interval = float(os.environ.get("RAYTRAIN_MONITOR_INTERVAL_S", "1.0"))
-    ctx = BareContext(plan, rank=rank, local_rank=local_rank, world_size=world, monitor_interval=interval)
+    from raytrain.runtime.worker.reporter import MONITOR_INTERVAL_S  # the sampler raytrain's workers run
+
+    ctx = BareContext(plan, rank=rank, local_rank=local_rank, world_size=world, monitor_interval=MONITOR_INTERVAL_S)
     if rank == 0:
         print(f"bare_runner: {world} processes, torch threads {torch.get_num_threads()}, "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)

@@ -83,8 +83,6 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "must be yours and not writable by others", shown="`/tmp/raytrain-UID`"),
     _s("JOIN_TIMEOUT_S", "seconds", 90.0, "user", "CLI",
        "how long `cluster join` waits for the new node to register with the head"),
-    _s("K8S_POLL_S", "seconds", 2.0, "user", "CLI",
-       "how often `submit --k8s --rayjob` and `jobs logs -f` read a RayJob"),
     _s("CPU_ALLOCATOR", "choice", None, "user", "job", "the malloc of CPU workers; `glibc` keeps glibc's "
        "([CPU workers](cluster.md#cpu-workers))", ("jemalloc", "glibc"),
        shown="`jemalloc` for CPU jobs on nodes raytrain starts"),
@@ -95,11 +93,6 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("PREEMPT_FILE", "path", None, "internal", "workers",
        "the file a Kubernetes preStop hook writes to give the workers a preemption notice (its content: the "
        "deadline, seconds since the epoch); set in the pods raytrain generates; unset: no file is watched"),
-    _s("MONITOR_INTERVAL_S", "seconds", 1.0, "user", "job",
-       "how often each worker samples its memory and GPU use for progress and `jobs status`"),
-    _s("HF_LOG_EVERY_STEPS", "int", 1, "user", "job", "how often a Hugging Face Trainer script's callback asks "
-       "for a log (and so a progress update)"),
-    _s("TRAIN_LOG_LEVEL", "text", "WARNING", "user", "job", "Ray Train's log level in the job's log"),
     _s("LOCAL_UPLOAD", "switch", False, "user", "CLI or job", "1: upload the job's folder as Ray's "
        "`working_dir` on the local cluster too, instead of copying it"),
     _s("RAY_TUNING", "choice", "on", "user", "cluster up, CLI or job", "`off`: none of raytrain's Ray tunings; "
@@ -116,12 +109,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("DEEPSPEED_CONFIG", "path", None, "internal", "job", "script mode: the resolved DeepSpeed config as a "
        "JSON file ([script-mode.md](script-mode.md)); a script may read it"),
     _s("CLIENT_TIMINGS", "json", None, "internal", "job", "the CLI's timings before the submit (`--timings`)"),
-    _s("WORKER_IMPORTS", "text", "", "internal", "job", "modules a worker process imports as it starts"),
-    _s("WORKER_GPU", "switch", False, "internal", "job", "the workers use GPUs"),
-    _s("PG_CLEANER", "switch", True, "internal", "job", "0 (the local target sets it): no per-run "
-       "placement-group cleaner actor", shown="0 on the local cluster, else 1"),
-    _s("AUTOSCALING_COORDINATOR", "switch", True, "internal", "job", "0 (the local target sets it): no Ray "
-       "Train `AutoscalingCoordinator` for a fixed-size run", shown="0 on the local cluster, else 1"),
+    # The driver tells each worker process's setup hook (raytrain.runtime.worker.early_imports) what to import as
+    # the process starts, before any task: the hook runs with no plan and no arguments, so the workers' runtime
+    # env is its only channel.
+    _s("WORKER_IMPORTS", "text", "", "internal", "job", "set by the driver on the workers' runtime env for their "
+       "process setup hook (which has no other channel): the modules each worker process imports as it starts"),
+    _s("WORKER_GPU", "switch", False, "internal", "job", "set by the driver on the workers' runtime env for their "
+       "process setup hook (which has no other channel): the workers use GPUs"),
     # -- the test suite
     _s("NVIDIA_PROC", "path", "/proc/driver/nvidia", "tests", "`scripts/install.sh`",
        "where the install script looks for an NVIDIA driver (its tests point it elsewhere)"),

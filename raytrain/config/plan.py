@@ -1,4 +1,5 @@
-"""The validated plan: everything a target needs to run a job, and nothing target-specific.
+"""The validated plan: everything a target needs to run a job, and what a target decides for the job's runtime
+(``local_cluster``): the driver and the workers learn it from the plan, not from environment variables.
 
 It travels as JSON (``$RAYTRAIN_PLAN`` for the driver, ``train_loop_config["plan"]`` for the workers) and is
 read back with :meth:`Plan.from_dict`. Defaults are the option declarations' (raytrain.config.options).
@@ -78,6 +79,10 @@ class Plan:
     track: list[str] = field(default_factory=list)  # --track: tensorboard, mlflow, wandb (rank 0 logs to each)
     mlflow_uri: str | None = None  # --mlflow-uri; None: a file store under the run's storage
     track_args: bool = DEFAULTS["track_args"]  # --track-args: the job's arguments among the trackers' params
+    # Set by the local target as it builds the request, not by a flag: the job runs on raytrain's own local
+    # cluster (`cluster up`), which no autoscaler sizes and where the driver removes leaked placement groups
+    # itself (raytrain.ray_tuning.lean_trainer). None: not said (any other cluster).
+    local_cluster: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

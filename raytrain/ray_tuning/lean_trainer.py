@@ -4,34 +4,34 @@ Ray Train's default callbacks that raytrain's jobs do without, each one more act
 on the node, in the seconds before step 1) and worker round trips:
 - DatasetsCallback: a DatasetManager actor and Ray Data's context sent to every worker, also for a trainer
   given no datasets (raytrain never gives one: ``--data`` streams through its own Feeder actor);
-- PlacementGroupCleanerCallback, where the job has ``RAYTRAIN_PG_CLEANER=0`` (the local target sets it): a
-  detached actor per run that removes the workers' placement group if the controller dies; on the local
-  cluster the driver removes the groups an ended job leaked before it places its own.
+- PlacementGroupCleanerCallback, on raytrain's own local cluster (the plan's ``local_cluster``, which the local
+  target sets): a detached actor per run that removes the workers' placement group if the controller dies;
+  there the driver removes the groups an ended job leaked before it places its own.
 
 And a fixed-size run's scaling policy registers the run's resources with the AutoscalingCoordinator, a
 detached actor shared by Ray Train and Ray Data, before it places the workers (a blocking call) and every
 20 s; the first run after a cluster starts creates that actor, which then stays on the node. A node raytrain
-runs itself has no autoscaler to tell: where ``RAYTRAIN_AUTOSCALING_COORDINATOR=0`` (the local target sets
-it) the fixed policy does without it. An elastic run keeps it: it sizes itself by what the coordinator
-reserves. Both overrides are of Ray Train's private methods (``_create_default_callbacks``,
-``_initialize_and_run_controller``, ``FixedScalingPolicy._maybe_send_resource_request``).
+runs itself has no autoscaler to tell: on the local cluster (``local_cluster``) the fixed policy does without
+it. An elastic run keeps it: it sizes itself by what the coordinator reserves. Both overrides are of Ray
+Train's private methods (``_create_default_callbacks``, ``_initialize_and_run_controller``,
+``FixedScalingPolicy._maybe_send_resource_request``).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from raytrain import settings
 
-
-def dropped_callbacks(datasets: dict | None) -> set[str]:
+def dropped_callbacks(datasets: dict | None, *, local_cluster: bool | None) -> set[str]:
+    """The default callbacks a run does without; ``local_cluster``: the plan's (None: not said, so not local)."""
     names = set() if datasets else {"DatasetsCallback"}
-    if not settings.get("RAYTRAIN_PG_CLEANER"):
+    if local_cluster:
         names.add("PlacementGroupCleanerCallback")
     return names
 
 
-def coordinator_enabled() -> bool:
-    return settings.get("RAYTRAIN_AUTOSCALING_COORDINATOR")
+def coordinator_enabled(*, local_cluster: bool | None) -> bool:
+    """Whether a fixed-size run registers with the AutoscalingCoordinator: everywhere but the local cluster."""
+    return not local_cluster
 
 
 _NO_COORDINATOR: list[type] = []
@@ -62,17 +62,23 @@ _LEAN: list[type] = []
 
 def lean_trainer_class() -> type:
     """DataParallelTrainer less the default callbacks ``dropped_callbacks`` names and, where
-    ``coordinator_enabled`` says so, a fixed-size run's calls to the AutoscalingCoordinator."""
+    ``coordinator_enabled`` says so, a fixed-size run's calls to the AutoscalingCoordinator. Build it with
+    ``local_cluster=plan.local_cluster`` (the plan the driver read); Ray's own arguments pass through."""
     if not _LEAN:
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
         class LeanDataParallelTrainer(DataParallelTrainer):
+            def __init__(self, *args, local_cluster: bool | None = None, **kwargs):
+                self._raytrain_local_cluster = local_cluster
+                super().__init__(*args, **kwargs)
+
             def _create_default_callbacks(self):
-                drop = dropped_callbacks(self.datasets)
+                drop = dropped_callbacks(self.datasets, local_cluster=self._raytrain_local_cluster)
                 return [c for c in super()._create_default_callbacks() if type(c).__name__ not in drop]
 
             def _initialize_and_run_controller(self, **controller_init_kwargs):
-                if not coordinator_enabled() and "scaling_policy" in controller_init_kwargs:
+                if (not coordinator_enabled(local_cluster=self._raytrain_local_cluster)
+                        and "scaling_policy" in controller_init_kwargs):
                     controller_init_kwargs["scaling_policy"] = without_coordinator(
                         controller_init_kwargs["scaling_policy"])
                 return super()._initialize_and_run_controller(**controller_init_kwargs)

@@ -111,13 +111,8 @@ LOCAL_RUNTIME_ENV_VARS = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     # Ray Train's Prometheus metrics: the local head does not collect metrics (clusters/ray_process.py).
     "RAY_TRAIN_METRICS_ENABLED": "0",
-    # Ray Train's placement-group cleaner, a detached actor process per run: on the local cluster the driver
-    # removes the groups an ended job leaked (runtime/driver/trainer.py dropped_callbacks).
-    "RAYTRAIN_PG_CLEANER": "0",
-    # Ray Train's AutoscalingCoordinator, a detached actor process that a fixed-size run registers its
-    # resources with (created by the first run, then idle on the node for good): no autoscaler to tell here.
-    "RAYTRAIN_AUTOSCALING_COORDINATOR": "0",
 }
+# raytrain's own behaviour on the local cluster travels in the plan instead (Plan.local_cluster).
 
 
 @dataclass

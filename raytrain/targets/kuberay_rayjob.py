@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import raytrain
-from raytrain import flight_recorder, settings
+from raytrain import flight_recorder
 from raytrain.capacity import Node
 from raytrain.clusters.k8s_auth import ClusterGuard
 from raytrain.clusters.k8s_client import KubeConnection, NotFound, RayObjects, auth_options_known
@@ -53,7 +53,9 @@ from raytrain.targets.base import (
 from raytrain.targets.ray_jobs_api import with_default_storage
 
 ENTRYPOINT_MODULE = "raytrain.runtime.driver.entrypoint"
-DEFAULT_POLL_S = 2.0  # $RAYTRAIN_K8S_POLL_S overrides: how often `follow` reads the RayJob
+# How often `follow` reads the RayJob and its submitter log (a few API calls each): a RayJob's status moves no
+# faster than KubeRay reconciles it.
+POLL_S = 2.0
 
 
 @dataclass
@@ -185,7 +187,7 @@ class KubeRayJobTarget(Target):
         self.submission_id = submission_id
         self.env_from_secret = dict(env_from_secret or {})  # with --cluster: checked against its pods (dry_run)
         self.python = python
-        self.poll_s = (settings.get("RAYTRAIN_K8S_POLL_S") or DEFAULT_POLL_S) if poll_s is None else poll_s
+        self.poll_s = POLL_S if poll_s is None else poll_s
         self._namespace: str | None = None
         self._cluster_obj: dict | None = None
         if ray_cluster is not None:

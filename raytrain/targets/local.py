@@ -11,6 +11,7 @@ worker restarts. A head started with ``--node-ip`` (other machines may join it) 
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 
@@ -69,7 +70,9 @@ class LocalTarget(RayJobsApiTarget):
         return runtime_env
 
     def dry_run(self, plan: Plan) -> Request:
-        request = super().dry_run(plan)
+        # the runtime learns it runs on raytrain's own cluster from the plan (lean_trainer: no per-run placement-
+        # group cleaner, no AutoscalingCoordinator); the caller's plan is not changed
+        request = super().dry_run(dataclasses.replace(plan, local_cluster=True))
         code = request.runtime_env["env_vars"].get(CODE_ENV)
         if code:
             request.upload = {**request.upload, "copied_to": code}

@@ -175,7 +175,7 @@ def cli(kubeconfig, raytrain_home, monkeypatch):
     from raytrain.cli.main import main
 
     monkeypatch.setenv("KUBECONFIG", kubeconfig)
-    monkeypatch.setenv("RAYTRAIN_K8S_POLL_S", "0.05")
+    monkeypatch.setattr("raytrain.targets.kuberay_rayjob.POLL_S", 0.05)
 
     def run(*args):
         return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)

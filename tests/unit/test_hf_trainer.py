@@ -178,8 +178,7 @@ def test_the_callback_reports_the_trainers_loss_as_metrics_events(tmp_path, caps
     spec = importlib.util.spec_from_file_location("hf_trainer_script", HF)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    monkeypatch.setenv("RAYTRAIN_HF_LOG_EVERY_STEPS", "1")  # a log every step (the default)
-    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+    monkeypatch.setattr("raytrain.runtime.worker.reporter.MONITOR_INTERVAL_S", 0)  # no sampler thread
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
         learning_rate=3e-3, report_to="none", logging_steps=500, use_cpu=True, disable_tqdm=True,
@@ -398,7 +397,7 @@ def test_the_trainer_continues_from_raytrains_restore_point(tmp_path, capsys, mo
     spec = importlib.util.spec_from_file_location("hf_trainer_script", HF)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+    monkeypatch.setattr("raytrain.runtime.worker.reporter.MONITOR_INTERVAL_S", 0)  # no sampler thread
 
     def trainer(out, steps):
         args = transformers.TrainingArguments(
@@ -432,7 +431,7 @@ def test_a_resharded_trainer_with_another_global_batch_is_refused_before_its_fir
     from raytrain.runtime.checkpoint.hf_trainer import Resume
     from raytrain.runtime.hf.trainer import trainer_hooks
 
-    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+    monkeypatch.setattr("raytrain.runtime.worker.reporter.MONITOR_INTERVAL_S", 0)  # no sampler thread
     resume = Resume("/storage/ckpt", str(tmp_path), 8, 2, {"micro": 2, "grad_accum": 1, "world_size": 2})
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=10, report_to="none",
                                           per_device_train_batch_size=2, use_cpu=True, disable_tqdm=True)

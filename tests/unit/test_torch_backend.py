@@ -78,46 +78,106 @@ def test_the_trainer_is_rays_torch_trainer_with_the_tunings_off(monkeypatch, env
     assert backend == ("LazyTorchBackend" if lazy else "_PreflightBackend"), backend
 
 
-def _default_callback_names(datasets=None):
+def _default_callback_names(datasets=None, local_cluster=None):
     from ray.train import ScalingConfig
 
     trainer = torch_backend.trainer(lambda config: None, backend_config_args={"timeout_s": 60.0, "interface": None},
-                                    scaling_config=ScalingConfig(num_workers=2), datasets=datasets)
+                                    scaling_config=ScalingConfig(num_workers=2), datasets=datasets,
+                                    local_cluster=local_cluster)
     return {type(c).__name__ for c in trainer._create_default_callbacks()}
 
 
 def test_the_trainer_leaves_out_the_callbacks_raytrain_does_without(monkeypatch):
     monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
-    monkeypatch.delenv("RAYTRAIN_PG_CLEANER", raising=False)
     names = _default_callback_names()
     assert "DatasetsCallback" not in names  # no datasets: no DatasetManager actor, no Ray Data context sent
     assert {"BackendSetupCallback", "PlacementGroupCleanerCallback"} <= names, names
-    monkeypatch.setenv("RAYTRAIN_PG_CLEANER", "0")  # what the local target sets
-    assert "PlacementGroupCleanerCallback" not in _default_callback_names()
+    assert "PlacementGroupCleanerCallback" in _default_callback_names(local_cluster=False)
+    # the plan says the run is on raytrain's local cluster (what the local target sets): no cleaner actor
+    assert "PlacementGroupCleanerCallback" not in _default_callback_names(local_cluster=True)
     import ray.data
 
     assert "DatasetsCallback" in _default_callback_names({"train": ray.data.range(4)})  # given datasets: kept
     monkeypatch.setenv("RAYTRAIN_RAY_TUNING", "off")
-    assert {"DatasetsCallback", "PlacementGroupCleanerCallback"} <= _default_callback_names()
+    assert {"DatasetsCallback", "PlacementGroupCleanerCallback"} <= _default_callback_names(local_cluster=True)
 
 
-def test_the_local_target_turns_the_placement_group_cleaner_off():
-    from raytrain.targets.base import LOCAL_RUNTIME_ENV_VARS, RUNTIME_ENV_VARS
+def _local_plan(tmp_path, monkeypatch):
+    """The plan the local target submits (its RAYTRAIN_PLAN, read back as the driver reads it), and the plan
+    it was given; no cluster is started (dry_run only builds the request)."""
+    import json
 
-    assert LOCAL_RUNTIME_ENV_VARS["RAYTRAIN_PG_CLEANER"] == "0" and "RAYTRAIN_PG_CLEANER" not in RUNTIME_ENV_VARS
+    from raytrain.config import Options, resolve
+    from raytrain.config.plan import Plan
+    from raytrain.targets.local import LocalTarget
+
+    monkeypatch.setenv("RAYTRAIN_HOME", str(tmp_path / "home"))
+    job = tmp_path / "job" / "train.py"
+    job.parent.mkdir()
+    job.write_text("def train(ctx):\n    pass\n")
+    given = resolve(Options(job=str(job), workers=2))
+    request = LocalTarget(auto_start=False).dry_run(given)
+    shipped = Plan.from_dict(json.loads(request.runtime_env["env_vars"]["RAYTRAIN_PLAN"]))
+    return given, request, shipped
 
 
-def test_the_local_target_runs_fixed_size_jobs_without_the_autoscaling_coordinator(monkeypatch):
+def test_the_local_target_says_in_the_plan_that_the_run_is_on_its_own_cluster(tmp_path, monkeypatch):
+    given, request, shipped = _local_plan(tmp_path, monkeypatch)
+    assert given.local_cluster is None  # not a flag, and the caller's plan is not changed by the dry run
+    assert shipped.local_cluster is True and request.plan.local_cluster is True
+    env = request.runtime_env["env_vars"]
+    assert "RAYTRAIN_PG_CLEANER" not in env and "RAYTRAIN_AUTOSCALING_COORDINATOR" not in env, env
+
+
+def test_another_target_leaves_local_cluster_unsaid(tmp_path, monkeypatch):
+    from raytrain.config import Options, resolve
+    from raytrain.targets.ray_jobs_api import RayJobsApiTarget
+
+    job = tmp_path / "train.py"
+    job.write_text("def train(ctx):\n    pass\n")
+    request = RayJobsApiTarget("http://127.0.0.1:1", token="").dry_run(resolve(Options(job=str(job))))
+    assert request.plan.local_cluster is None
+
+
+def test_the_lean_trainers_decisions_follow_the_plan_not_the_environment(tmp_path, monkeypatch):
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import create_scaling_policy
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from raytrain.runtime.driver import entrypoint
+
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
+    for name in ("RAYTRAIN_PG_CLEANER", "RAYTRAIN_AUTOSCALING_COORDINATOR"):  # the old switches: read by nothing
+        monkeypatch.setenv(name, "1")
+    _, _, shipped = _local_plan(tmp_path, monkeypatch)
+    seen = {}
+    monkeypatch.setattr(DataParallelTrainer, "_initialize_and_run_controller", lambda self, **kw: seen.update(kw))
+    fixed = create_scaling_policy(ScalingConfig(num_workers=2))
+    # the driver builds its trainer from the plan it read (build_trainer), as it does on the cluster
+    job = entrypoint.Job(shipped, "run-1")
+    trainer = entrypoint.build_trainer(job)
+    assert "PlacementGroupCleanerCallback" not in {type(c).__name__ for c in trainer._create_default_callbacks()}
+    trainer._initialize_and_run_controller(scaling_policy=fixed)
+    assert type(seen["scaling_policy"]).__name__ == "FixedScalingPolicyWithoutCoordinator"
+    # the same plan without local_cluster (any other target): Ray Train's cleaner and coordinator stay
+    import dataclasses
+
+    elsewhere = entrypoint.Job(dataclasses.replace(shipped, local_cluster=None), "run-1")
+    for name in ("RAYTRAIN_PG_CLEANER", "RAYTRAIN_AUTOSCALING_COORDINATOR"):
+        monkeypatch.setenv(name, "0")
+    trainer = entrypoint.build_trainer(elsewhere)
+    assert "PlacementGroupCleanerCallback" in {type(c).__name__ for c in trainer._create_default_callbacks()}
+    trainer._initialize_and_run_controller(scaling_policy=fixed)
+    assert seen["scaling_policy"] is fixed
+
+
+def test_the_local_cluster_runs_fixed_size_jobs_without_the_autoscaling_coordinator(monkeypatch):
     """The policy makes the fixed policy's decisions and never calls the coordinator (no Ray here: the real
     policy would create the detached actor); it pickles for the controller actor; elastic runs keep theirs."""
     from ray import cloudpickle
     from ray.train import ScalingConfig
     from ray.train.v2._internal.execution.scaling_policy import ResizeDecision, create_scaling_policy
 
-    from raytrain.targets.base import LOCAL_RUNTIME_ENV_VARS, RUNTIME_ENV_VARS
-
-    assert LOCAL_RUNTIME_ENV_VARS["RAYTRAIN_AUTOSCALING_COORDINATOR"] == "0"
-    assert "RAYTRAIN_AUTOSCALING_COORDINATOR" not in RUNTIME_ENV_VARS
     fixed = create_scaling_policy(ScalingConfig(num_workers=2))
     policy = cloudpickle.loads(cloudpickle.dumps(lean_trainer.without_coordinator(fixed)))
     policy.after_controller_start(type("Run", (), {"run_id": "abc"})())
@@ -133,11 +193,12 @@ def test_the_local_target_runs_fixed_size_jobs_without_the_autoscaling_coordinat
 
     monkeypatch.setattr(DataParallelTrainer, "_initialize_and_run_controller",
                         lambda self, **kw: seen.update(kw))
-    trainer = torch_backend.trainer(lambda config: None, backend_config_args={"timeout_s": 60.0, "interface": None},
-                                    scaling_config=ScalingConfig(num_workers=2))
-    monkeypatch.setenv("RAYTRAIN_AUTOSCALING_COORDINATOR", "0")
-    trainer._initialize_and_run_controller(scaling_policy=fixed)
+    def build(local_cluster):
+        return torch_backend.trainer(lambda config: None, backend_config_args={"timeout_s": 60.0, "interface": None},
+                                     scaling_config=ScalingConfig(num_workers=2), local_cluster=local_cluster)
+
+    build(True)._initialize_and_run_controller(scaling_policy=fixed)
     assert type(seen["scaling_policy"]).__name__ == "FixedScalingPolicyWithoutCoordinator"
-    monkeypatch.setenv("RAYTRAIN_AUTOSCALING_COORDINATOR", "1")
-    trainer._initialize_and_run_controller(scaling_policy=fixed)
-    assert seen["scaling_policy"] is fixed
+    for unsaid_or_not_local in (None, False):
+        build(unsaid_or_not_local)._initialize_and_run_controller(scaling_policy=fixed)
+        assert seen["scaling_policy"] is fixed

@@ -41,7 +41,7 @@ def ray_train(monkeypatch):
     monkeypatch.setattr(ray_train, "get_checkpoint", lambda: None)
     monkeypatch.setattr(ray.train.torch, "get_device", lambda: "cpu")
     monkeypatch.setattr(ray_train, "report", lambda *a, **kw: pytest.fail("a metrics report went to Ray Train"))
-    monkeypatch.setenv("RAYTRAIN_MONITOR_INTERVAL_S", "0")
+    monkeypatch.setattr("raytrain.runtime.worker.reporter.MONITOR_INTERVAL_S", 0)  # no sampler thread
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the worker sets for CPU workers (setdefault)
     monkeypatch.setattr("gc.freeze", lambda: None)  # not pytest's own heap (the test below turns it on)
     monkeypatch.setenv("RAYTRAIN_BIND_CORES", "0")  # nor pytest's own threads

@@ -20,6 +20,8 @@ from raytrain.events import emit
 
 EXIT_TRAINING_FAILED = 1
 EXIT_CANNOT_RUN = 3
+# Ray Train logs every report at INFO and raytrain shows progress itself: its warnings and errors only.
+TRAIN_LOG_LEVEL = "WARNING"
 
 
 def cluster_nodes() -> list[Node]:
@@ -464,6 +466,7 @@ def build_trainer(job: Job):
         # from $RAYTRAIN_PLAN, which they inherit (raytrain.runtime.worker.loop)
         train_loop_config={"plan": redact.plan_dict(plan.to_dict()), "resume_from": job.resume_from, "run": run_name},
         backend_config_args={"timeout_s": float(plan.timeout_s), "interface": plan.interface},
+        local_cluster=plan.local_cluster,
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,
             use_gpu=scaling.use_gpu,
@@ -476,8 +479,7 @@ def build_trainer(job: Job):
             failure_config=FailureConfig(max_failures=plan.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=plan.keep or None),
             callbacks=[restart_announcer(plan.max_failures)],
-            # Ray Train logs every report at INFO; raytrain shows progress itself.
-            logging_config=LoggingConfig(log_level=settings.get("RAYTRAIN_TRAIN_LOG_LEVEL")),
+            logging_config=LoggingConfig(log_level=TRAIN_LOG_LEVEL),
             worker_runtime_env=job.worker_env,
         ),
     )

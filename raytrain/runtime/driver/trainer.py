@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def trainer(train_fn, *, backend_config_args: dict, **kwargs: Any) -> Any:
-    """Ray Train's trainer for raytrain's workers (see the module's docstring)."""
+def trainer(train_fn, *, backend_config_args: dict, local_cluster: bool | None = None, **kwargs: Any) -> Any:
+    """Ray Train's trainer for raytrain's workers (see the module's docstring); ``local_cluster``: the plan's
+    (raytrain's own local cluster: the lean trainer leaves out more)."""
     from raytrain import ray_tuning
     from raytrain.runtime.worker import early_imports
     from raytrain.runtime.driver import preflight
@@ -24,7 +25,7 @@ def trainer(train_fn, *, backend_config_args: dict, **kwargs: Any) -> Any:
         if ray_tuning.on("lean_trainer"):
             from raytrain.ray_tuning.lean_trainer import lean_trainer_class
 
-            return lean_trainer_class()(train_fn, backend_config=config, **kwargs)
+            return lean_trainer_class()(train_fn, backend_config=config, local_cluster=local_cluster, **kwargs)
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
         return DataParallelTrainer(train_fn, backend_config=config, **kwargs)

@@ -4,10 +4,9 @@ While a Trainer script runs (script mode), ``transformers.Trainer.__init__`` is 
 the script builds gets :class:`RaytrainCallback`, which turns the Trainer's logs (loss, learning rate, grad
 norm) into raytrain's metrics events (the progress line, ``jobs status``), with throughput from the Trainer's
 own batch arithmetic and the memory sampler's readings. The Trainer logs every ``logging_steps`` (500 by
-default); the callback asks for a log every ``RAYTRAIN_HF_LOG_EVERY_STEPS`` steps (default 1) and at the last
-step, so the progress line moves. The decision must be the same on every rank: a Trainer log gathers the loss
-from all ranks (a collective), so a per-rank clock would make ranks log at different steps and the
-collectives mismatch.
+default); the callback asks for a log every ``LOG_EVERY_STEPS`` steps and at the last step, so the progress
+line moves. The decision must be the same on every rank: a Trainer log gathers the loss from all ranks (a
+collective), so a per-rank clock would make ranks log at different steps and the collectives mismatch.
 
 Checkpoints: after the Trainer wrote ``checkpoint-N`` (``on_save``, on every rank), each rank reports its files
 of it to Ray Train storage (raytrain.runtime.checkpoint.hf_trainer); ``Trainer.train`` is wrapped so that a restore
@@ -21,9 +20,12 @@ import functools
 import os
 from typing import Any, Iterator
 
-from raytrain import settings
 from raytrain.runtime.checkpoint.hf_trainer import Resume
+from raytrain.runtime.worker import reporter as reporting
 from raytrain.runtime.worker.reporter import Reporter
+
+# Every step: the progress line moves with each one; a log is a loss gather (one small collective) per step.
+LOG_EVERY_STEPS = 1
 
 LOG_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "epoch": "epoch"}
 
@@ -137,17 +139,15 @@ def trainer_hooks(
     import transformers
 
     reporter = Reporter(rank=rank, train_batch=train_batch)
-    interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
-    if interval > 0:
-        reporter.start_monitor(interval, gpu=gpu)
-    log_every = max(1, settings.get("RAYTRAIN_HF_LOG_EVERY_STEPS"))
+    if reporting.MONITOR_INTERVAL_S > 0:
+        reporter.start_monitor(reporting.MONITOR_INTERVAL_S, gpu=gpu)
     original = transformers.Trainer.__init__
 
     @functools.wraps(original)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         self.add_callback(make_callback(
-            reporter, log_every=log_every, world_size=world_size, checkpoints=checkpoints
+            reporter, log_every=LOG_EVERY_STEPS, world_size=world_size, checkpoints=checkpoints
         ))
 
     transformers.Trainer.__init__ = __init__

@@ -10,7 +10,7 @@ from typing import Any
 
 from raytrain import events, settings, timings
 from raytrain.config.plan import Plan
-from raytrain.runtime.worker import heartbeat, preemption
+from raytrain.runtime.worker import heartbeat, preemption, reporter as reporting
 from raytrain.runtime.hf import model as hf_model
 from raytrain.runtime.checkpoint.lifecycle import Checkpointer
 from raytrain.runtime.datasets.batches import Position, ShardBatches
@@ -493,7 +493,6 @@ def make_context(plan: Plan, *, restore_from: str | None, run_name: str = "") ->
             heartbeat.ON_HANG.append(ctx._reporter.trackers.note)
             ctx._reporter.goodput = _goodput_feed(plan, run_name)
             ctx._checkpoints.on_commit = ctx._reporter.goodput.add  # each save's costs reach the trackers
-    interval = settings.get("RAYTRAIN_MONITOR_INTERVAL_S")
-    if interval > 0:
-        ctx.start_monitor(interval)
+    if reporting.MONITOR_INTERVAL_S > 0:
+        ctx.start_monitor(reporting.MONITOR_INTERVAL_S)
     return ctx

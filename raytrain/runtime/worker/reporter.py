@@ -10,6 +10,9 @@ from raytrain import events
 from raytrain.runtime.worker import heartbeat
 
 MEMORY_EVENT_EVERY_S = 10.0
+# How often each worker samples its memory and GPU use (progress, `jobs status`): a read of /proc or NVML in a
+# background thread, fine-grained enough to catch a step's peak at no cost to the step. 0: no sampler (tests).
+MONITOR_INTERVAL_S = 1.0
 
 
 def as_float(value: Any) -> Any:
