@@ -63,4 +63,5 @@ def test_a_worker_whose_feed_is_gone_fails_naming_the_data_feed(exc, why):
     assert message.startswith("ctx.dataset('train'): the data feed (the job's Feeder actor on the driver's node) "
                               f"is gone, {why}")
     assert "--resume" in message and "\n" not in message
+    assert err.value.__cause__ is None  # the driver reports the root cause of a failure: this line, not Ray's
 

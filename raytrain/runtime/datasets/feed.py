@@ -335,7 +335,7 @@ class FeedSource(BlockSource):
             self.handle = handle or ray.get_actor(actor_name(ray.get_runtime_context().get_job_id(), name),
                                                   namespace=NAMESPACE)
         except ValueError as exc:  # no such actor (any more): it died, or the driver never started it
-            raise self._gone(exc) from exc
+            raise self._gone(exc) from None  # the driver reports a failure's root cause: this line
 
     def _more(self) -> None:
         import ray
@@ -343,7 +343,7 @@ class FeedSource(BlockSource):
         try:
             blocks, done, error = ray.get(self.handle.since.remote(len(self.table)), timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            raise self._gone(exc) from exc
+            raise self._gone(exc) from None  # the driver reports a failure's root cause: this line
         if error:
             from raytrain.runtime.datasets.source import DataError
 
@@ -375,12 +375,12 @@ class FeedSource(BlockSource):
         try:
             block = ray.get(ref, timeout=FETCH_TIMEOUT_S)
         except ray.exceptions.OwnerDiedError as exc:  # the Feeder owns every block: it is gone
-            raise self._gone(exc) from exc
+            raise self._gone(exc) from None  # the driver reports a failure's root cause: this line
         except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError) as exc:
             from raytrain.runtime.datasets.source import DataError, first_line
 
             raise DataError(f"ctx.dataset({self.name!r}): a block of the dataset could not be fetched or rebuilt "
-                            f"within {FETCH_TIMEOUT_S:.0f} s: {first_line(exc)}") from exc
+                            f"within {FETCH_TIMEOUT_S:.0f} s: {first_line(exc)}") from None
         size = BlockAccessor.for_block(block).size_bytes()
         return to_numpy(block, start, stop), size
 
