@@ -43,9 +43,9 @@ def driver_node_problem(driver_id: str, nodes: list[NodeSeen]) -> str | None:
     where = f"{here.ip} (node {driver_id[:12]})" if here else f"node {driver_id[:12]}"
     return (f"the job's driver runs on the worker node {where}, not on the head node {head.ip} "
             f"(node {head.node_id[:12]}): losing that node would end the job and its data feed instead of "
-            f"restarting its workers; Ray places a job's entrypoint off the head only when the cluster sets "
-            f"RAY_JOB_ALLOW_DRIVER_ON_WORKER_NODES=1 or the submission asks for entrypoint resources: unset "
-            f"that on the head (raytrain asks for none)")
+            f"restarting its workers; Ray places a job's entrypoint off the head only when the head's Ray runs "
+            f"with RAY_JOB_ALLOW_DRIVER_ON_WORKER_NODES=1 (raytrain asks for no entrypoint resources): restart "
+            f"the head without it")
 
 
 def list_nodes(timeout_s: float = STATE_API_TIMEOUT_S) -> list[NodeSeen]:
