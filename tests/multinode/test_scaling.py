@@ -160,11 +160,11 @@ DATA_JOB = ROOT / "tests" / "e2e" / "jobs" / "data_ids.py"  # the data tests' jo
 # the blocks of its data feed (asked of the Feeder, which owns them). Formatted with the job's submission id.
 PLACEMENT_PROBE = """
 from ray.util.state import list_actors, list_jobs, list_nodes
-nodes = {{n.node_id: n for n in list_nodes()}}
+nodes = {{n.node_id: n for n in list_nodes(address=gcs)}}
 ip = lambda node_id: nodes[node_id].node_ip if node_id in nodes else node_id
 head = next(n.node_ip for n in nodes.values() if n.is_head_node and n.state == "ALIVE")
-job = next(j for j in list_jobs() if j.submission_id == {job_id!r})
-actors = {{a.name: ip(a.node_id) for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
+job = next(j for j in list_jobs(address=gcs) if j.submission_id == {job_id!r})
+actors = {{a.name: ip(a.node_id) for a in list_actors(address=gcs, filters=[("state", "=", "ALIVE")], limit=10000)
           if (a.name or "").startswith("raytrain-") and job.job_id in a.name}}
 feeder = ray.get_actor(next(n for n in actors if n.startswith("raytrain-data-")), namespace="raytrain")
 blocks = ray.get(feeder.since.remote(0, 1.0))[0]

@@ -50,10 +50,14 @@ def driver_node_problem(driver_id: str, nodes: list[NodeSeen]) -> str | None:
 
 def list_nodes(timeout_s: float = STATE_API_TIMEOUT_S) -> list[NodeSeen]:
     """The cluster's nodes as Ray's state API lists them (raises when it does not answer)."""
+    import os
+
     from ray.util.state import list_nodes as ray_list_nodes
 
-    return [NodeSeen(n.node_id, n.node_ip, bool(n.is_head_node), str(n.state) == "ALIVE")
-            for n in ray_list_nodes(limit=10_000, timeout=int(timeout_s), raise_on_missing_output=False)]
+    # the job's cluster by its address: Ray's "auto" fails on a machine running two Ray clusters
+    nodes = ray_list_nodes(address=os.environ.get("RAY_ADDRESS") or None, limit=10_000, timeout=int(timeout_s),
+                           raise_on_missing_output=False)
+    return [NodeSeen(n.node_id, n.node_ip, bool(n.is_head_node), str(n.state) == "ALIVE") for n in nodes]
 
 
 def this_node() -> str:
