@@ -169,7 +169,8 @@ actors = {{a.name: ip(a.node_id) for a in list_actors(address=gcs, filters=[("st
 feeder = ray.get_actor(next(n for n in actors if n.startswith("raytrain-data-")), namespace="raytrain")
 blocks = ray.get(feeder.since.remote(0, 1.0))[0]
 where = ray.experimental.get_object_locations([b[0] for b in blocks])
-print(json.dumps({{"head": head, "driver": ip(job.driver_node_id), "actors": actors,
+driver = job.driver_info.node_ip_address if job.driver_info else ip(job.driver_node_id)
+print(json.dumps({{"head": head, "driver": driver, "actors": actors,
                   "blocks": [sorted(ip(n) for n in where[b[0]]["node_ids"]) for b in blocks]}}))
 """
 
@@ -200,8 +201,9 @@ def test_an_elastic_data_job_sees_every_id_once_in_the_epoch_when_a_node_is_lost
     assert seen["head"] == two_nodes.head_ip and seen["driver"] == two_nodes.head_ip, seen
     assert len(seen["actors"]) == 2 and set(seen["actors"].values()) == {two_nodes.head_ip}, seen  # feed and board
     only_on_node2 = sum(locations == [two_nodes.node2_ip] for locations in seen["blocks"])
-    print(f"\nelastic data: {len(seen['blocks'])} block(s) at {seen['blocks']}; {only_on_node2} only on node 2, "
-          f"which Ray rebuilds from their lineage (the read re-runs) when a rank needs them after the kill")
+    inlined = sum(not locations for locations in seen["blocks"])  # small blocks live in their owner, the feed
+    print(f"\nelastic data: {len(seen['blocks'])} block(s): {inlined} in the feed's own memory, {only_on_node2} only "
+          f"on node 2 (Ray rebuilds those from their lineage when a rank needs them after the kill)")
     two_nodes.kill_node2()
     killed = time.monotonic()  # then: the node's death noticed, the group restarted on 1 worker, 8 steps
     while (state := cli.json("jobs", "status", job_id)["state"]) not in ("succeeded", "failed", "stopped"):
