@@ -198,3 +198,25 @@ def test_a_feed_that_makes_no_progress_gives_up_naming_the_pending_tasks(cli, da
     message = error["message"]
     assert "produced no new rows for" in message and "(--data-timeout 20)" in message, message
     assert "Ray Data tasks pending: " in message and "no_such_node 1" in message, message
+
+
+def test_a_feed_that_dies_stops_the_workers_with_one_line_naming_it(cli, data):
+    """A dead Feeder (killed here by rank 0, as a crash or an out-of-memory kill would end it) takes the dataset's
+    blocks with it: the worker fails at once with a line that names the data feed, not Ray's actor error, and
+    never waits on it."""
+    import time
+
+    t0 = time.monotonic()
+    proc = cli("submit", JOB, *FLAGS, "--workers", "1", "--data", f"train={data / 'ids.jsonl'}", "--json",
+               "--", "--steps", "4", "--kill-feed", timeout=600)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = re.search(r"job (\S+) failed", proc.stdout + proc.stderr).group(1)
+    error = cli.json("jobs", "status", job_id)["error"]
+    assert error["type"] == "DataError" and error["rank"] == 0, error
+    assert error["message"].startswith("ctx.dataset('train'): the data feed (the job's Feeder actor on the driver's "
+                                       "node) is gone, "), error
+    assert "--resume" in error["message"], error
+    (ready,) = _events(cli, job_id, "dataset")
+    assert ready["feed_ip"], ready  # where the feed ran (the one node here)
+    assert took < 240, took  # the start (~30-60 s here) and an immediate failure: no wait on the dead feed

@@ -156,6 +156,24 @@ def test_elastic_job_continues_on_one_worker_when_a_node_is_lost(two_nodes, requ
 
 DATA_JOB = ROOT / "tests" / "e2e" / "jobs" / "data_ids.py"  # the data tests' job: the plain `for batch in ctx.dataset("train")`
 
+# Ray's own account (state API) of where a running job's driver and raytrain's actors are, and which nodes hold
+# the blocks of its data feed (asked of the Feeder, which owns them). Formatted with the job's submission id.
+PLACEMENT_PROBE = """
+from ray.util.state import list_actors, list_jobs, list_nodes
+nodes = {{n.node_id: n for n in list_nodes(address=gcs)}}
+ip = lambda node_id: nodes[node_id].node_ip if node_id in nodes else node_id
+head = next(n.node_ip for n in nodes.values() if n.is_head_node and n.state == "ALIVE")
+job = next(j for j in list_jobs(address=gcs) if j.submission_id == {job_id!r})
+actors = {{a.name: ip(a.node_id) for a in list_actors(address=gcs, filters=[("state", "=", "ALIVE")], limit=10000)
+          if (a.name or "").startswith("raytrain-") and job.job_id in a.name}}
+feeder = ray.get_actor(next(n for n in actors if n.startswith("raytrain-data-")), namespace="raytrain")
+blocks = ray.get(feeder.since.remote(0, 1.0))[0]
+where = ray.experimental.get_object_locations([b[0] for b in blocks])
+driver = job.driver_info.node_ip_address if job.driver_info else ip(job.driver_node_id)
+print(json.dumps({{"head": head, "driver": driver, "actors": actors,
+                  "blocks": [sorted(ip(n) for n in where[b[0]]["node_ids"]) for b in blocks]}}))
+"""
+
 
 def test_an_elastic_data_job_sees_every_id_once_in_the_epoch_when_a_node_is_lost(two_nodes, request):
     """`--workers 1-2` reading `--data`: node 2 is killed after step 4's checkpoint (the job waits there for it, in
@@ -177,6 +195,15 @@ def test_an_elastic_data_job_sees_every_id_once_in_the_epoch_when_a_node_is_lost
     request.addfinalizer(lambda: cli("jobs", "stop", job_id))
     facts = _wait_for_checkpoint(cli, job_id, 4)
     assert len({w["ip"] for w in facts.preflight["workers"]}) == 2  # it started on both nodes
+    # The driver and the data feed run on the head, whatever node 2 has free: losing node 2 costs only its worker.
+    assert facts.started["driver_ip"] == two_nodes.head_ip and facts.datasets["train"]["feed_ip"] == two_nodes.head_ip
+    seen = two_nodes.run_ray(PLACEMENT_PROBE.format(job_id=job_id))
+    assert seen["head"] == two_nodes.head_ip and seen["driver"] == two_nodes.head_ip, seen
+    assert len(seen["actors"]) == 2 and set(seen["actors"].values()) == {two_nodes.head_ip}, seen  # feed and board
+    only_on_node2 = sum(locations == [two_nodes.node2_ip] for locations in seen["blocks"])
+    inlined = sum(not locations for locations in seen["blocks"])  # small blocks live in their owner, the feed
+    print(f"\nelastic data: {len(seen['blocks'])} block(s): {inlined} in the feed's own memory, {only_on_node2} only "
+          f"on node 2 (Ray rebuilds those from their lineage when a rank needs them after the kill)")
     two_nodes.kill_node2()
     killed = time.monotonic()  # then: the node's death noticed, the group restarted on 1 worker, 8 steps
     while (state := cli.json("jobs", "status", job_id)["state"]) not in ("succeeded", "failed", "stopped"):

@@ -54,7 +54,7 @@ def test_any_other_failure_is_the_training_failing_on_its_rank_and_ends_the_trac
 
 def test_the_driver_runs_its_phases_in_order():
     names = [phase.__name__ for phase in driver.PHASES]
-    assert names == ["check_capacity", "check_storage", "resolve_resume", "load_data", "fit"]
+    assert names == ["check_driver_node", "check_capacity", "check_storage", "resolve_resume", "load_data", "fit"]
 
 
 def facts(*last_words):

@@ -21,6 +21,10 @@ from typing import Any
 import numpy as np
 
 _POLL_S = 30.0  # how long one blocks() call waits for new blocks before the worker asks again
+# A call to the Feeder answers within _POLL_S; the rest is slack for a busy node. Past it the feed is taken
+# for gone (a worker never waits on a feed that cannot answer).
+CALL_TIMEOUT_S = _POLL_S + 90.0
+FETCH_TIMEOUT_S = 300.0  # one block: a lost one is rebuilt from its lineage by Ray (the read re-runs)
 
 
 class Feed:
@@ -155,6 +159,12 @@ class Feeder:
     def progress(self, rows: int, timeout: float = _POLL_S) -> tuple[int, bool, str | None]:
         return self.feed.progress(rows, timeout)
 
+    def node(self) -> tuple[str, str]:
+        """(node id, IP) of the node this feed runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
 
 def actor_name(job_id: str, name: str) -> str:
     return f"raytrain-data-{job_id}-{name}"
@@ -163,15 +173,23 @@ def actor_name(job_id: str, name: str) -> str:
 NAMESPACE = "raytrain"
 
 
-def start_feeder(dataset: Any, name: str, where: str, stall_s: float = 0.0) -> Any:
-    """A Feeder actor for one dataset of this Ray job, on the driver's node, named for the workers to find."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+def feeder_options(job_id: str, name: str) -> dict:
+    """The Feeder actor's Ray options: CPU-less, named for the workers to find, pinned to the driver's node
+    (the head: raytrain.runtime.driver.head) with a hard affinity, because Ray puts a CPU-less actor on a
+    random node whatever a soft one says, and a lost worker node would take the feed with it."""
+    from raytrain.runtime.driver import head
 
-    job_id = ray.get_runtime_context().get_job_id()
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    actor = ray.remote(num_cpus=0, max_concurrency=64, scheduling_strategy=here)(Feeder)
-    return actor.options(name=actor_name(job_id, name), namespace=NAMESPACE).remote(dataset, where, stall_s)
+    return {"num_cpus": 0, "max_concurrency": 64, "scheduling_strategy": head.pinned_here(),
+            "name": actor_name(job_id, name), "namespace": NAMESPACE}
+
+
+def start_feeder(dataset: Any, name: str, where: str, stall_s: float = 0.0) -> Any:
+    """A Feeder actor for one dataset of this Ray job (``feeder_options``). Placement failures surface on the
+    first call to it (the driver's wait for the first rows), as an error naming the data feed."""
+    import ray
+
+    options = feeder_options(ray.get_runtime_context().get_job_id(), name)
+    return ray.remote(Feeder).options(**options).remote(dataset, where, stall_s)
 
 
 class BlockSource:
@@ -313,13 +331,19 @@ class FeedSource(BlockSource):
 
         super().__init__()
         self.name = name
-        self.handle = handle or ray.get_actor(actor_name(ray.get_runtime_context().get_job_id(), name),
-                                              namespace=NAMESPACE)
+        try:
+            self.handle = handle or ray.get_actor(actor_name(ray.get_runtime_context().get_job_id(), name),
+                                                  namespace=NAMESPACE)
+        except ValueError as exc:  # no such actor (any more): it died, or the driver never started it
+            raise self._gone(exc) from None  # the driver reports a failure's root cause: this line
 
     def _more(self) -> None:
         import ray
 
-        blocks, done, error = ray.get(self.handle.since.remote(len(self.table)))
+        try:
+            blocks, done, error = ray.get(self.handle.since.remote(len(self.table)), timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            raise self._gone(exc) from None  # the driver reports a failure's root cause: this line
         if error:
             from raytrain.runtime.datasets.source import DataError
 
@@ -327,12 +351,36 @@ class FeedSource(BlockSource):
         self._add(blocks)  # with done, these are all the rest: since() copies them after the end was set
         self.done = done
 
+    def _gone(self, exc: BaseException) -> Exception:
+        """The error a worker raises when its data feed cannot answer: it names the feed, not Ray's actor."""
+        import ray
+
+        from raytrain.runtime.datasets.source import DataError, first_line
+
+        if isinstance(exc, ray.exceptions.GetTimeoutError):
+            why = f"it did not answer within {CALL_TIMEOUT_S:.0f} s"
+        elif isinstance(exc, ValueError):
+            why = f"no actor {actor_name(ray.get_runtime_context().get_job_id(), self.name)} is alive"
+        else:
+            why = f"it died: {first_line(exc)}"
+        return DataError(f"ctx.dataset({self.name!r}): the data feed (the job's Feeder actor on the driver's "
+                         f"node) is gone, {why}; the dataset's blocks went with it, so the job cannot continue "
+                         f"its epoch (resubmit with --resume to continue from the last checkpoint)")
+
     def _fetch(self, entry: tuple) -> tuple[dict, int]:
         import ray
         from ray.data.block import BlockAccessor
 
         ref, start, stop, _ = entry
-        block = ray.get(ref)
+        try:
+            block = ray.get(ref, timeout=FETCH_TIMEOUT_S)
+        except ray.exceptions.OwnerDiedError as exc:  # the Feeder owns every block: it is gone
+            raise self._gone(exc) from None  # the driver reports a failure's root cause: this line
+        except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError) as exc:
+            from raytrain.runtime.datasets.source import DataError, first_line
+
+            raise DataError(f"ctx.dataset({self.name!r}): a block of the dataset could not be fetched or rebuilt "
+                            f"within {FETCH_TIMEOUT_S:.0f} s: {first_line(exc)}") from None
         size = BlockAccessor.for_block(block).size_bytes()
         return to_numpy(block, start, stop), size
 

@@ -157,17 +157,24 @@ def load_datasets(plan: Plan) -> tuple[dict, str | None]:
         name = spec["name"]
         need = dp * micro if streaming[name] else float("inf")  # a transform that needs a CPU: all rows first
         while True:
-            try:
-                rows, done, error = ray.get(feeders[name].progress.remote(need))
-            except ray.exceptions.RayError as exc:  # the feeder's process died (out of memory, ...)
+            try:  # a feed answers within its poll (progress() waits at most that long): past the bound it is gone
+                rows, done, error = ray.get(feeders[name].progress.remote(need), timeout=data_feed.CALL_TIMEOUT_S)
+                if not done and rows < need:
+                    continue
+                _, feed_ip = ray.get(feeders[name].node.remote(), timeout=data_feed.CALL_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                return {}, (f"--data {name}={redact.text(spec['path'])}: the data feed did not answer within "
+                            f"{data_feed.CALL_TIMEOUT_S:.0f} s")
+            except ray.exceptions.RayError as exc:  # the feeder's process died (out of memory, ...), or could
+                # not be placed on this node
                 return {}, f"--data {name}={redact.text(spec['path'])}: the data feed failed: {data_source.first_line(exc)}"
-            if done or rows >= need:
-                break
+            break
         problem = data_source.check_rows(f"--data {name}={redact.text(spec['path'])}", rows, done, error, dp, micro)
         if problem:
             return {}, problem
         emit(events.DATASET, name=name, rows=rows if done else None, rows_ready=rows, streaming=streaming[name],
-             preprocess=preprocess is not None, task_cpus=task_cpus[name], spare_cpus=max(spare, 0.0))
+             preprocess=preprocess is not None, task_cpus=task_cpus[name], spare_cpus=max(spare, 0.0),
+             feed_ip=feed_ip)
     timings.emit("data_ready")
     return feeders, None
 
@@ -360,6 +367,7 @@ class Job:
     resume_from: str | None = None
     worker_env: dict = field(default_factory=dict)
     feeders: dict = field(default_factory=dict)  # held until fit() returns: the workers read from them
+    driver_ip: str | None = None  # the node this driver runs on (the head; None: not looked up)
 
 
 def connect() -> Job:
@@ -382,6 +390,25 @@ def connect() -> Job:
     quiet = not settings.get("RAYTRAIN_VERBOSE")
     ray.init(log_to_driver=True, runtime_env=_pinned_address(), logging_level=logging.WARNING if quiet else logging.INFO)
     return Job(plan, run_name)
+
+
+def check_driver_node(job: Job) -> Outcome | None:
+    """The driver must run on the head node: its loss (and that of the actors pinned beside it, the data feeds
+    and the board) would end the job, where a lost worker node only restarts its workers (runtime.driver.head)."""
+    from raytrain.runtime.driver import head
+
+    nodes = cluster_nodes()
+    here = head.this_node()
+    job.driver_ip = next((n.address for n in nodes if n.node_id == here), None)
+    if sum(n.alive for n in nodes) < 2:  # one node: it is the head (no state API call on the way to step 1)
+        return None
+    try:
+        seen = head.list_nodes()
+    except Exception as exc:  # noqa: BLE001 - the state API did not answer: the actors are still pinned here
+        print(f"raytrain: could not check that the driver runs on the head node: {exc}", file=sys.stderr)
+        return None
+    problem = head.driver_node_problem(here, seen)
+    return cannot_run(events.INVALID, problem) if problem else None
 
 
 def check_capacity(job: Job) -> Outcome | None:
@@ -459,6 +486,7 @@ def build_trainer(job: Job):
         pp=plan.parallel["pp"],
         resume_from=job.resume_from,
         checkpoint_mode=job.plan.checkpoint_mode,
+        driver_ip=job.driver_ip,
     )
     return torch_backend.trainer(
         train_loop_per_worker,
@@ -547,7 +575,7 @@ def finish(job: Job, outcome: Outcome) -> int:
     return outcome.exit_code
 
 
-PHASES = (check_capacity, check_storage, resolve_resume, load_data, fit)
+PHASES = (check_driver_node, check_capacity, check_storage, resolve_resume, load_data, fit)
 
 
 def main() -> int:

@@ -85,10 +85,13 @@ class Board:
 
 
 def create_board() -> Any:
-    """The board of the calling driver's job (one CPU-less actor on the driver's node)."""
+    """The board of the calling driver's job (one CPU-less actor pinned to the driver's node, the head: see
+    raytrain.runtime.driver.head; left to Ray, a CPU-less actor goes to a random node, which may be lost)."""
     import ray
 
-    actor = ray.remote(num_cpus=0, max_concurrency=16)(Board)
+    from raytrain.runtime.driver import head
+
+    actor = ray.remote(num_cpus=0, max_concurrency=16, scheduling_strategy=head.pinned_here())(Board)
     name = board_name(ray.get_runtime_context().get_job_id())
     return actor.options(name=name, namespace=NAMESPACE, lifetime=None).remote()
 

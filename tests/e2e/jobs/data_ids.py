@@ -9,6 +9,7 @@ The end writes ``@@params {"sha": ...}``, a hash of the final parameters' bytes 
 ``--pause-at-step N``: after step N (its checkpoint reported), unless the run was restored, every rank waits in
 collectives (one a second, as training would) until one fails because the test killed a peer's node (the
 elastic test), at most 600 s.
+``--kill-feed``: rank 0 kills the job's data feed (the Feeder actor of ``train``) before reading, as a crash would.
 """
 import argparse
 import hashlib
@@ -59,7 +60,13 @@ def train(ctx):
     p.add_argument("--formats", default="")
     p.add_argument("--stuck", action="store_true")
     p.add_argument("--pause-at-step", type=int, default=0)
+    p.add_argument("--kill-feed", action="store_true")
     args = p.parse_args(ctx.args)
+    if args.kill_feed and ctx.is_main:
+        import ray
+
+        job = ray.get_runtime_context().get_job_id()
+        ray.kill(ray.get_actor(f"raytrain-data-{job}-train", namespace="raytrain"))
     if args.formats:
         check_formats(ctx, args.formats.split(","))
 
