@@ -22,7 +22,7 @@ def test_a_feeder_is_pinned_hard_to_the_drivers_node(monkeypatch):
     assert options["num_cpus"] == 0 and options["name"] == "raytrain-data-02000000-train"
 
 
-def test_the_driver_on_the_head_goes_on_and_one_on_a_worker_node_is_refused_naming_both():
+def test_the_driver_on_the_head_goes_on_and_one_on_a_worker_node_is_warned_about_naming_both():
     assert head.driver_node_problem(HEAD.node_id, [HEAD, WORKER]) is None
     problem = head.driver_node_problem(WORKER.node_id, [HEAD, WORKER])
     assert problem.startswith("the job's driver runs on the worker node 10.0.0.2 (node bbbbbbbbbbbb), not on the "
@@ -30,14 +30,26 @@ def test_the_driver_on_the_head_goes_on_and_one_on_a_worker_node_is_refused_nami
     assert "RAY_JOB_ALLOW_DRIVER_ON_WORKER_NODES=1" in problem
 
 
-def test_where_no_live_head_is_listed_the_driver_is_not_refused():
+def test_where_no_live_head_is_listed_there_is_no_warning():
     dead_head = head.NodeSeen(HEAD.node_id, HEAD.ip, is_head=True, alive=False)
     assert head.driver_node_problem(WORKER.node_id, [dead_head, WORKER]) is None
     assert head.driver_node_problem(WORKER.node_id, []) is None
 
 
-def test_the_driver_checks_its_node_first():
+def test_the_driver_checks_its_node_first_and_off_the_head_it_warns_and_goes_on(monkeypatch, capsys):
+    """Off the head is the cluster owner's choice (a Ray setting): the job runs, its log says what it risks."""
     assert entrypoint.PHASES[0] is entrypoint.check_driver_node
+    nodes = [entrypoint.Node(node_id=n.node_id, address=n.ip, resources={"CPU": 2.0}, alive=True, hostname="")
+             for n in (HEAD, WORKER)]
+    monkeypatch.setattr(entrypoint, "cluster_nodes", lambda: nodes)
+    monkeypatch.setattr(head, "list_nodes", lambda: [HEAD, WORKER])
+    job = entrypoint.Job(plan=None, run_name="r")
+    monkeypatch.setattr(head, "this_node", lambda: WORKER.node_id)
+    assert entrypoint.check_driver_node(job) is None and job.driver_ip == "10.0.0.2"
+    assert "raytrain: warning: the job's driver runs on the worker node 10.0.0.2" in capsys.readouterr().err
+    monkeypatch.setattr(head, "this_node", lambda: HEAD.node_id)
+    assert entrypoint.check_driver_node(job) is None and job.driver_ip == "10.0.0.1"
+    assert capsys.readouterr().err == ""
 
 
 class _Gone:

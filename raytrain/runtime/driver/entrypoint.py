@@ -393,8 +393,9 @@ def connect() -> Job:
 
 
 def check_driver_node(job: Job) -> Outcome | None:
-    """The driver must run on the head node: its loss (and that of the actors pinned beside it, the data feeds
-    and the board) would end the job, where a lost worker node only restarts its workers (runtime.driver.head)."""
+    """The driver should run on the head node: its loss (and that of the actors pinned beside it, the data feeds
+    and the board) ends the job, where a lost worker node only restarts its workers (runtime.driver.head). Off
+    the head is the cluster owner's choice (a Ray setting), so it is a warning, not a refusal."""
     from raytrain.runtime.driver import head
 
     nodes = cluster_nodes()
@@ -408,7 +409,9 @@ def check_driver_node(job: Job) -> Outcome | None:
         print(f"raytrain: could not check that the driver runs on the head node: {exc}", file=sys.stderr)
         return None
     problem = head.driver_node_problem(here, seen)
-    return cannot_run(events.INVALID, problem) if problem else None
+    if problem:
+        print(f"raytrain: warning: {problem}", file=sys.stderr, flush=True)
+    return None
 
 
 def check_capacity(job: Job) -> Outcome | None:

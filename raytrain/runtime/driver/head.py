@@ -42,10 +42,10 @@ def driver_node_problem(driver_id: str, nodes: list[NodeSeen]) -> str | None:
     here = next((n for n in nodes if n.node_id == driver_id), None)
     where = f"{here.ip} (node {driver_id[:12]})" if here else f"node {driver_id[:12]}"
     return (f"the job's driver runs on the worker node {where}, not on the head node {head.ip} "
-            f"(node {head.node_id[:12]}): losing that node would end the job and its data feed instead of "
-            f"restarting its workers; Ray places a job's entrypoint off the head only when the head's Ray runs "
-            f"with RAY_JOB_ALLOW_DRIVER_ON_WORKER_NODES=1 (raytrain asks for no entrypoint resources): restart "
-            f"the head without it")
+            f"(node {head.node_id[:12]}): losing that node ends the job and its data feed (continue with "
+            f"--resume) instead of restarting its workers; Ray places a job's entrypoint off the head only when "
+            f"the head's Ray runs with RAY_JOB_ALLOW_DRIVER_ON_WORKER_NODES=1 (raytrain asks for no entrypoint "
+            f"resources)")
 
 
 def list_nodes(timeout_s: float = STATE_API_TIMEOUT_S) -> list[NodeSeen]:
