@@ -42,29 +42,37 @@ WARMUP_PAIRS = 3
 
 
 class Clock:
-    """Seconds and calls of the wrapped callables, by name (the instrument of the guard timing)."""
+    """Wall and CPU (this thread's) seconds of the wrapped callables, by name: the guard timing's instrument."""
 
     def __init__(self) -> None:
         self.s: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.n: dict[str, int] = {}
-        self.on = False
 
     def wrap(self, name: str, fn):  # type: ignore[no-untyped-def]
-        clock, s, n = time.perf_counter, self.s, self.n
-        s[name], n[name] = 0.0, 0
+        clock, cpu_clock, s, cpu, n = time.perf_counter, time.thread_time, self.s, self.cpu, self.n
+        s[name], cpu[name], n[name] = 0.0, 0.0, 0
 
         def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
-            t = clock()
+            c, t = cpu_clock(), clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 s[name] += clock() - t
+                cpu[name] += cpu_clock() - c
                 n[name] += 1
         return timed
 
     def reset(self) -> None:
         for k in self.s:
-            self.s[k], self.n[k] = 0.0, 0
+            self.s[k], self.cpu[k], self.n[k] = 0.0, 0.0, 0
+
+    def parts(self, d: dict[str, float]) -> dict[str, float]:
+        """The guards' own seconds so far (outer less inner wrappers), by part."""
+        return {"nonfinite": (d["guarded_backward"] - d["backward"]) + (d["guarded_take_step"] - d["take_step"]),
+                "agree": d["agree"],
+                "marks": (d["marked_backward"] - d["guarded_backward"]) + (d["marked_step"] - d["step"]) + d["enter"],
+                "step_finished": d["step_finished"]}
 
 
 def worker(rank: int, a: dict, port: int, out: str) -> None:
@@ -131,6 +139,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(batch, dim, generator=g), torch.randn(batch, 1, generator=g)
     step_no = [0]
+    record, per_step = [False], {"wall": [], "cpu": []}  # the guards' own seconds of each measured on-step
 
     beating, stop, beat_cpu = threading.Event(), threading.Event(), [0.0]
     detector = straggler.Detector()
@@ -153,6 +162,8 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         dist.barrier()
         times = []
         for _ in range(steps):
+            if on:
+                wall0, cpu0 = clock.parts(clock.s), clock.parts(clock.cpu)
             t = time.perf_counter()
             loss = ((eng(x) - y) ** 2).mean()
             eng.backward(loss)
@@ -161,6 +172,9 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
             if on:
                 step_finished(heartbeat.STATE, step_no[0])
             times.append(time.perf_counter() - t)
+            if on and record[0]:
+                for name, now, before in (("wall", clock.parts(clock.s), wall0), ("cpu", clock.parts(clock.cpu), cpu0)):
+                    per_step[name].append({k: now[k] - before[k] for k in now})
         beating.clear()
         return times
 
@@ -198,6 +212,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
 
     clock.reset()
     beat_cpu[0] = 0.0
+    record[0] = True
     on_times: list[list[float]] = []
     off_times: list[list[float]] = []
     for r in range(a["rounds"]):
@@ -209,14 +224,15 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     s = clock.s
     timing = {
         "steps": on_steps,
-        "guard_backward_s": s["guarded_backward"] - s["backward"],
-        "guard_step_s": s["guarded_take_step"] - s["take_step"],
-        "guard_agree_s": s["agree"],
-        "marks_s": (s["marked_backward"] - s["guarded_backward"]) + (s["marked_step"] - s["step"]) + s["enter"],
-        "step_finished_s": s["step_finished"],
+        # medians over the measured on-steps of each part (wall: includes being descheduled; cpu: this thread's)
+        **{f"{part}_{kind}_s": statistics.median(p[part] for p in per_step[kind])
+           for kind in ("wall", "cpu") for part in ("nonfinite", "agree", "marks", "step_finished")},
+        "total_wall_s": statistics.median(sum(p.values()) - p["agree"] for p in per_step["wall"]),
+        "total_cpu_s": statistics.median(sum(p.values()) - p["agree"] for p in per_step["cpu"]),
+        "mean_wall_s": {k: v / on_steps for k, v in clock.parts(clock.s).items()},
         "waits_per_step": waits_per_step,
         "wait_overhead_s": wait_overhead_s,
-        "beat_cpu_s": beat_cpu[0],
+        "beat_cpu_s": beat_cpu[0] / on_steps,
         "enter_calls": clock.n["enter"],
     }
     Path(f"{out}.{rank}").write_text(json.dumps({"on": on_times, "off": off_times, "timing": timing}))
@@ -268,24 +284,27 @@ def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch:
     off_step = statistics.median(off_all)
     low, high = median_ci(pairs)
 
-    def per_step(key: str) -> float:  # the larger rank's, over both orders
-        return max(statistics.median(t[key] / t["steps"] for t in timings if t["rank"] == r) for r in (0, 1))
-
     for i, t in enumerate(timings):
         t["rank"] = i % 2
+
+    def per_step(key: str) -> float:  # the larger rank's median over both orders, in ms
+        return 1000 * max(statistics.median(t[key] for t in timings if t["rank"] == r) for r in (0, 1))
+
     guard = {
-        "nonfinite_guard_ms": 1000 * per_step("guard_step_s") + 1000 * per_step("guard_backward_s"),
-        "nonfinite_agree_ms": 1000 * per_step("guard_agree_s"),
-        "phase_marks_ms": 1000 * per_step("marks_s"),
-        "step_finished_ms": 1000 * per_step("step_finished_s"),
+        "nonfinite_guard_ms": per_step("nonfinite_wall_s"), "nonfinite_guard_cpu_ms": per_step("nonfinite_cpu_s"),
+        "nonfinite_agree_ms": per_step("agree_wall_s"), "nonfinite_agree_cpu_ms": per_step("agree_cpu_s"),
+        "phase_marks_ms": per_step("marks_wall_s"), "step_finished_ms": per_step("step_finished_wall_s"),
         "timed_waits_per_step": statistics.median(t["waits_per_step"] for t in timings),
         "wait_overhead_us": 1e6 * statistics.median(t["wait_overhead_s"] for t in timings),
-        "beat_thread_ms": 1000 * per_step("beat_cpu_s"),
+        "beat_thread_ms": per_step("beat_cpu_s"),
     }
     guard["timed_waits_ms"] = guard["timed_waits_per_step"] * guard["wait_overhead_us"] / 1000
-    guard["total_ms"] = sum(guard[k] for k in ("nonfinite_guard_ms", "phase_marks_ms", "step_finished_ms",
-                                               "timed_waits_ms", "beat_thread_ms"))
+    # per step: the medians of the whole (wall and CPU), plus the parts measured apart (waits, beat thread)
+    extra = guard["timed_waits_ms"] + guard["beat_thread_ms"]
+    guard["total_ms"] = per_step("total_wall_s") + extra
+    guard["total_cpu_ms"] = per_step("total_cpu_s") + extra
     guard["fraction_of_step"] = guard["total_ms"] / 1000 / off_step
+    guard["cpu_fraction_of_step"] = guard["total_cpu_ms"] / 1000 / off_step
     return {"zero": zero, "steps_per_round": steps, "pairs_per_order": rounds, "dim": dim, "layers": layers,
             "batch": batch, "orders": by_order,
             "steady_on_s": statistics.median(on_all), "steady_off_s": off_step,

@@ -343,8 +343,10 @@ def guards_same_processes(args: argparse.Namespace) -> int:
                      bl.fmt(r["ratio"], "", 4),
                      f"{r['paired_ratio']:.4f} [{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}]",
                      ", ".join(f"{o[:1]}: {v['paired_ratio']:.4f}" for o, v in r["orders"].items()),
-                     f"{g['total_ms']:.3f} ms ({g['fraction_of_step'] * 100:.2f} %)", f"{r['guard_ratio']:.4f}"])
-        parts.append([f"zero{zero}", f"{g['nonfinite_guard_ms']:.3f} ms", f"{g['nonfinite_agree_ms']:.3f} ms",
+                     f"{g['total_ms']:.3f} ms ({g['fraction_of_step'] * 100:.2f} %)",
+                     f"{g['total_cpu_ms']:.3f} ms ({g['cpu_fraction_of_step'] * 100:.2f} %)", f"{r['guard_ratio']:.4f}"])
+        parts.append([f"zero{zero}", f"{g['nonfinite_guard_ms']:.3f} / {g['nonfinite_guard_cpu_ms']:.3f} ms",
+                      f"{g['nonfinite_agree_ms']:.3f} / {g['nonfinite_agree_cpu_ms']:.3f} ms",
                       f"{g['phase_marks_ms'] * 1000:.1f} us", f"{g['step_finished_ms'] * 1000:.1f} us",
                       f"{g['timed_waits_per_step']:.0f} x {g['wait_overhead_us']:.2f} us",
                       f"{g['beat_thread_ms'] * 1000:.1f} us"])
@@ -355,8 +357,10 @@ def guards_same_processes(args: argparse.Namespace) -> int:
           f"{results['machine']['load_avg'][0]} -> {results['machine']['load_avg_end'][0]}\n")
     print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off (pooled)",
                              "paired on/off, median [95 % CI]", "by build order (plain first, guarded first)",
-                             "guards' own time per step", "1 + own time / step"], rows))
-    print("\nThe guards' own time per step (the larger rank's; the all-reduce includes waiting for the other rank):\n")
+                             "guards' own time per step (wall)", "the same, CPU", "1 + own wall time / step"],
+                            rows))
+    print("\nThe guards' own time per step (medians over the guarded steps, the larger rank's; wall / CPU; the wall "
+          "time of an all-reduce includes waiting for the other rank):\n")
     print(bl.markdown_table(["config", "non-finite guard", "of which agree (all-reduce)", "phase marks",
                              "step_finished", "timed waits x wrapper cost", "beat thread CPU"], parts))
     print(f"\nGoal: on/off <= {GOAL_GUARDS}.\nJSON: {path}")
