@@ -2,16 +2,31 @@
 
 Two CPU processes (gloo, as raytrain's CPU workers) each build two DeepSpeed engines (raytrain's
 ``build_engine``, ZeRO --zero, fp32) over the same MLP: one as raytrain builds it (the non-finite guard
-installed, ``heartbeat.instrument``'s phase marks), one without either. Rounds of --steps steps alternate
-(off, on, on, off, ...); an "on" round also has the straggler watch's compute timing (``Work.wait`` timed,
-``STATE.step_finished`` per step) and a beat thread that every heartbeat.BEAT_S snapshots the state and runs
-the straggler rule on it (in a raytrain job the board and the watchdog are other processes: this is an upper
-bound). An "off" round puts torch's own ``Work.wait`` back. Alternating inside the same processes keeps
-machine load that drifts over minutes out of the ratio. Prints one JSON line.
+installed, ``heartbeat.instrument``'s phase marks), one without either. An "on" round also has the straggler
+watch's compute timing (``Work.wait`` timed, ``STATE.step_finished`` per step) and a beat thread that every
+heartbeat.BEAT_S snapshots the state and runs the straggler rule on it (in a raytrain job the board and the
+watchdog are other processes: this is an upper bound); an "off" round puts torch's own ``Work.wait`` back and
+the beat thread idles.
+
+Two figures:
+
+- the A/B: many short rounds in pairs (off on, on off, ...: the order alternates), each pair's ratio of
+  median step times, and the median of those ratios with a 95 % confidence interval (order statistics of the
+  pairs, no distribution assumed). Pairs a few steps long keep load that drifts over seconds out of a ratio;
+  the whole measurement runs twice, building the plain engine first and then the guarded one first, so that
+  neither side keeps the better memory layout.
+- the guards' own seconds per step, timed inside the guarded engine's steps: the non-finite guard (its
+  wrappers of ``backward`` and ``_take_model_step`` less what they wrap; its all-reduce separately, which
+  includes waiting for the other rank), the phase marks (likewise), ``step_finished``, the timed waits (how
+  many per step x the wrapper's own cost per call, measured here on a finished Work) and the beat thread's CPU
+  time. Their sum over the off side's step time resolves far below what the A/B can on a loaded machine.
+
+Prints nothing; ``measure`` returns the figures.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -22,6 +37,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+WARMUP_PAIRS = 3
+
+
+class Clock:
+    """Wall and CPU (this thread's) seconds of the wrapped callables, by name: the guard timing's instrument."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.n: dict[str, int] = {}
+
+    def wrap(self, name: str, fn):  # type: ignore[no-untyped-def]
+        clock, cpu_clock, s, cpu, n = time.perf_counter, time.thread_time, self.s, self.cpu, self.n
+        s[name], cpu[name], n[name] = 0.0, 0.0, 0
+
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            c, t = cpu_clock(), clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                s[name] += clock() - t
+                cpu[name] += cpu_clock() - c
+                n[name] += 1
+        return timed
+
+    def reset(self) -> None:
+        for k in self.s:
+            self.s[k], self.cpu[k], self.n[k] = 0.0, 0.0, 0
+
+    def parts(self, d: dict[str, float]) -> dict[str, float]:
+        """The guards' own seconds so far (outer less inner wrappers), by part."""
+        return {"nonfinite": (d["guarded_backward"] - d["backward"]) + (d["guarded_take_step"] - d["take_step"]),
+                "agree": d["agree"],
+                "marks": (d["marked_backward"] - d["guarded_backward"]) + (d["marked_step"] - d["step"]) + d["enter"],
+                "step_finished": d["step_finished"]}
 
 
 def worker(rank: int, a: dict, port: int, out: str) -> None:
@@ -48,80 +99,217 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     config = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": a["zero"]}, "zero_allow_untested_optimizer": True,
               "steps_per_print": 10 ** 9}
+    clock = Clock()
 
     def engine(guarded: bool):
         install = guard.install
-        if not guarded:
-            guard.install = lambda engine, **kw: None
+        guard.install = lambda engine, **kw: None
         try:
             built = build_engine(model(), optimizer=lambda p: torch.optim.AdamW(list(p), lr=1e-4), config=config,
                                  lr_scheduler=None, model_parameters=None)
         finally:
             guard.install = install
-        return heartbeat.instrument(built) if guarded else built
+        if not guarded:
+            return built
+        # The guard as build_engine installs it, between two timers: outer - inner = the guard's own seconds.
+        built.backward = clock.wrap("backward", built.backward)
+        built._take_model_step = clock.wrap("take_step", built._take_model_step)
+        g = guard.install(built)
+        g.agree = clock.wrap("agree", g.agree)
+        built.backward = clock.wrap("guarded_backward", built.backward)
+        built._take_model_step = clock.wrap("guarded_take_step", built._take_model_step)
+        built.step = clock.wrap("step", built.step)
+        heartbeat.instrument(built)
+        built.backward = clock.wrap("marked_backward", built.backward)
+        built.step = clock.wrap("marked_step", built.step)
+        return built
 
-    plain, guarded = engine(False), engine(True)
+    if a["order"] == "plain-first":
+        plain = engine(False)
+        guarded = engine(True)
+    else:
+        guarded = engine(True)
+        plain = engine(False)
+    heartbeat.State.enter = clock.wrap("enter", heartbeat.State.enter)  # the forward hook's phase mark
+    step_finished = clock.wrap("step_finished", heartbeat.State.step_finished)
+
     torch_wait = Work.wait
     collective_time.install()
     timed_wait = Work.wait
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(batch, dim, generator=g), torch.randn(batch, 1, generator=g)
     step_no = [0]
+    record, per_step = [False], {"wall": [], "cpu": []}  # the guards' own seconds of each measured on-step
 
-    def run(on: bool) -> float:
+    beating, stop, beat_cpu = threading.Event(), threading.Event(), [0.0]
+    detector = straggler.Detector()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat.BEAT_S):
+            if beating.is_set():
+                t = time.thread_time()
+                snap = heartbeat.STATE.snapshot()
+                detector.update([{**snap, "rank": 0}, {**snap, "rank": 1}])
+                beat_cpu[0] += time.thread_time() - t
+
+    threading.Thread(target=beat, daemon=True).start()
+
+    def run(on: bool, steps: int) -> list[float]:
         Work.wait = timed_wait if on else torch_wait
         heartbeat.STATE.timing = on
-        stop = threading.Event()
-        if on:
-            detector = straggler.Detector()
-
-            def beat() -> None:
-                while not stop.wait(heartbeat.BEAT_S):
-                    snap = heartbeat.STATE.snapshot()
-                    detector.update([{**snap, "rank": 0}, {**snap, "rank": 1}])
-
-            threading.Thread(target=beat, daemon=True).start()
+        (beating.set if on else beating.clear)()
         eng = guarded if on else plain
         dist.barrier()
         times = []
-        for _ in range(a["steps"]):
+        for _ in range(steps):
+            if on:
+                wall0, cpu0 = clock.parts(clock.s), clock.parts(clock.cpu)
             t = time.perf_counter()
             loss = ((eng(x) - y) ** 2).mean()
             eng.backward(loss)
             eng.step()
             step_no[0] += 1
             if on:
-                heartbeat.STATE.step_finished(step_no[0])
+                step_finished(heartbeat.STATE, step_no[0])
             times.append(time.perf_counter() - t)
-        stop.set()
-        return statistics.median(times[a["steps"] // 5:])
+            if on and record[0]:
+                for name, now, before in (("wall", clock.parts(clock.s), wall0), ("cpu", clock.parts(clock.cpu), cpu0)):
+                    per_step[name].append({k: now[k] - before[k] for k in now})
+        beating.clear()
+        return times
 
-    result = {"off": [], "on": []}
-    run(True), run(False)  # warm-up, not counted
+    steps = a["steps"]
+    for _ in range(WARMUP_PAIRS):  # not counted
+        run(True, steps), run(False, steps)
+
+    # Timed waits per step: counted in a round of their own (the count is not timed).
+    counted = [0]
+
+    def counting_wait(self, *args, _timed=timed_wait, **kwargs):  # type: ignore[no-untyped-def]
+        counted[0] += 1
+        return _timed(self, *args, **kwargs)
+
+    Work.wait, saved = counting_wait, timed_wait
+    timed_wait = counting_wait
+    run(True, steps)
+    timed_wait = saved
+    waits_per_step = counted[0] / steps
+
+    # The wrapper's own cost per wait, on a finished Work (the wait itself returns at once).
+    work = dist.all_reduce(torch.zeros(1), async_op=True)
+    torch_wait(work)
+    calls = 20000
+    per_call = {}
+    for name, fn in (("torch", torch_wait), ("timed", timed_wait)):
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn(work)
+            best = min(best, (time.perf_counter() - t) / calls)
+        per_call[name] = best
+    wait_overhead_s = max(per_call["timed"] - per_call["torch"], 0.0)
+
+    clock.reset()
+    beat_cpu[0] = 0.0
+    record[0] = True
+    on_times: list[list[float]] = []
+    off_times: list[list[float]] = []
     for r in range(a["rounds"]):
         for side in (("off", "on") if r % 2 == 0 else ("on", "off")):
-            result[side].append(run(side == "on"))
+            (on_times if side == "on" else off_times).append(run(side == "on", steps))
+    stop.set()
     Work.wait = torch_wait
-    if rank == 0:
-        Path(out).write_text(json.dumps(result))
+    on_steps = a["rounds"] * steps
+    s = clock.s
+    timing = {
+        "steps": on_steps,
+        # medians over the measured on-steps of each part (wall: includes being descheduled; cpu: this thread's)
+        **{f"{part}_{kind}_s": statistics.median(p[part] for p in per_step[kind])
+           for kind in ("wall", "cpu") for part in ("nonfinite", "agree", "marks", "step_finished")},
+        "total_wall_s": statistics.median(sum(p.values()) - p["agree"] for p in per_step["wall"]),
+        "total_cpu_s": statistics.median(sum(p.values()) - p["agree"] for p in per_step["cpu"]),
+        "mean_wall_s": {k: v / on_steps for k, v in clock.parts(clock.s).items()},
+        "waits_per_step": waits_per_step,
+        "wait_overhead_s": wait_overhead_s,
+        "beat_cpu_s": beat_cpu[0] / on_steps,
+        "enter_calls": clock.n["enter"],
+    }
+    Path(f"{out}.{rank}").write_text(json.dumps({"on": on_times, "off": off_times, "timing": timing}))
     dist.destroy_process_group()
 
 
-def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch: int) -> dict:
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float | None, float | None]:
+    """A distribution-free confidence interval of the median: order statistics k and n-k+1 with
+    P(Binomial(n, 1/2) < k) <= (1 - level) / 2. (None, None) for too few values."""
+    xs, n = sorted(values), len(values)
+    k, tail = 0, 0.0
+    while True:
+        p = math.comb(n, k) / 2 ** n
+        if tail + p > (1 - level) / 2:
+            break
+        tail += p
+        k += 1
+    if k == 0:
+        return None, None
+    return xs[k - 1], xs[n - k]
+
+
+def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch: int,
+            orders: tuple[str, ...] = ("plain-first", "guarded-first")) -> dict:
     import socket
     import tempfile
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    a = {"zero": zero, "steps": steps, "rounds": rounds, "dim": dim, "layers": layers, "batch": batch}
-    with tempfile.TemporaryDirectory() as folder:
-        out = str(Path(folder) / "result.json")
-        mp.spawn(worker, args=(a, port, out), nprocs=2, join=True)
-        result = json.loads(Path(out).read_text())
-    off, on = statistics.median(result["off"]), statistics.median(result["on"])
-    paired = [x / y for x, y in zip(result["on"], result["off"])]
-    return {**a, "steady_on_s": on, "steady_off_s": off, "ratio": on / off, "paired_ratio": statistics.median(paired),
-            "round_ratios": paired, "on_s": result["on"], "off_s": result["off"]}
+    pairs, on_all, off_all, timings, by_order = [], [], [], [], {}
+    for order in orders:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        a = {"zero": zero, "steps": steps, "rounds": rounds, "dim": dim, "layers": layers, "batch": batch,
+             "order": order}
+        with tempfile.TemporaryDirectory() as folder:
+            out = str(Path(folder) / "result.json")
+            mp.spawn(worker, args=(a, port, out), nprocs=2, join=True)
+            ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
+        r0 = ranks[0]  # the steps are synchronous: rank 0's times are the step's
+        mine = [statistics.median(on) / statistics.median(off) for on, off in zip(r0["on"], r0["off"])]
+        by_order[order] = {"paired_ratio": statistics.median(mine), "pairs": len(mine),
+                           "on_s": r0["on"], "off_s": r0["off"]}  # rank 0's step times, per round
+        pairs += mine
+        on_all += [t for rnd in r0["on"] for t in rnd]
+        off_all += [t for rnd in r0["off"] for t in rnd]
+        timings += [r["timing"] for r in ranks]
+    off_step = statistics.median(off_all)
+    low, high = median_ci(pairs)
+
+    for i, t in enumerate(timings):
+        t["rank"] = i % 2
+
+    def per_step(key: str) -> float:  # the larger rank's median over both orders, in ms
+        return 1000 * max(statistics.median(t[key] for t in timings if t["rank"] == r) for r in (0, 1))
+
+    guard = {
+        "nonfinite_guard_ms": per_step("nonfinite_wall_s"), "nonfinite_guard_cpu_ms": per_step("nonfinite_cpu_s"),
+        "nonfinite_agree_ms": per_step("agree_wall_s"), "nonfinite_agree_cpu_ms": per_step("agree_cpu_s"),
+        "phase_marks_ms": per_step("marks_wall_s"), "step_finished_ms": per_step("step_finished_wall_s"),
+        "timed_waits_per_step": statistics.median(t["waits_per_step"] for t in timings),
+        "wait_overhead_us": 1e6 * statistics.median(t["wait_overhead_s"] for t in timings),
+        "beat_thread_ms": per_step("beat_cpu_s"),
+    }
+    guard["timed_waits_ms"] = guard["timed_waits_per_step"] * guard["wait_overhead_us"] / 1000
+    # per step: the medians of the whole (wall and CPU), plus the parts measured apart (waits, beat thread)
+    extra = guard["timed_waits_ms"] + guard["beat_thread_ms"]
+    guard["total_ms"] = per_step("total_wall_s") + extra
+    guard["total_cpu_ms"] = per_step("total_cpu_s") + extra
+    guard["fraction_of_step"] = guard["total_ms"] / 1000 / off_step
+    guard["cpu_fraction_of_step"] = guard["total_cpu_ms"] / 1000 / off_step
+    return {"zero": zero, "steps_per_round": steps, "pairs_per_order": rounds, "dim": dim, "layers": layers,
+            "batch": batch, "orders": by_order,
+            "steady_on_s": statistics.median(on_all), "steady_off_s": off_step,
+            "ratio": statistics.median(on_all) / off_step,
+            "paired_ratio": statistics.median(pairs), "paired_ratio_ci95": [low, high],
+            "paired_ratio_quartiles": statistics.quantiles(pairs, n=4) if len(pairs) > 1 else None,
+            "guard_time": guard, "guard_ratio": 1 + guard["fraction_of_step"],
+            "round_ratios": pairs, "timings": timings}

@@ -32,8 +32,11 @@ process (in a raytrain job the board and the watchdog live in other processes): 
 (``BARE_RUNNER_NO_GUARD=1``, a switch of this benchmark's runner, not of raytrain; in raytrain
 ``--hang-timeout 0`` turns the watchdog and the timing off, the non-finite guard has no off switch),
 alternating, no Ray cluster; goal on/off <= 1.01. ``--guards-ab --same-processes``: the same A/B inside the
-same two processes (bench/guards_inproc.py: an engine with every guard and one without, rounds of
-``--inproc-steps`` alternating), which keeps load that drifts between runs out of the ratio.
+same two processes (bench/guards_inproc.py: an engine with every guard and one without; ``--rounds`` pairs of
+``--inproc-steps``-step rounds, the order alternating, run once with each engine built first), which keeps
+load that drifts between runs out of the ratio: the median of the pairs' ratios with a 95 % confidence
+interval, and the guards' own seconds per step timed inside the guarded steps (over the plain step time: a
+figure that resolves far below the A/B's spread on a loaded machine).
 
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
@@ -92,10 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "guard and one without (bench/guards_inproc.py): load that drifts stays out of the ratio")
     p.add_argument("--inproc-model", default="512,4,32", metavar="DIM,LAYERS,BATCH",
                    help="--same-processes: the MLP (default %(default)s)")
-    p.add_argument("--inproc-steps", type=int, default=40, help="--same-processes: steps per round")
+    p.add_argument("--inproc-steps", type=int, default=5,
+                   help="--same-processes: steps per round (--rounds: pairs of rounds per build order, default 40)")
     args = p.parse_args(argv)
-    if args.rounds is None:
-        args.rounds = 1 if args.smoke else 3
+    if args.rounds is None:  # --same-processes: pairs of short rounds per build order
+        args.rounds = (40 if args.same_processes else 3) if not args.smoke else (6 if args.same_processes else 1)
     if args.zero is None:
         args.zero = [1] if args.smoke else [1, 3]
     if args.warmup is None:
@@ -321,25 +325,44 @@ def guards_ab(args: argparse.Namespace, configs: dict, env: dict[str, str], bare
 
 
 def guards_same_processes(args: argparse.Namespace) -> int:
-    """Every guard on vs off, rounds alternating inside the same two processes (bench/guards_inproc.py)."""
+    """Every guard on vs off inside the same two processes (bench/guards_inproc.py): the paired A/B with its
+    confidence interval, and the guards' own seconds per step timed inside the guarded steps."""
     import guards_inproc
 
     dim, layers, batch = (int(v) for v in args.inproc_model.split(","))
-    rows, results = [], {"benchmark": "guards-same-processes", "machine": bl.machine(), "configs": {}}
+    rows, parts, results = [], [], {"benchmark": "guards-same-processes", "machine": bl.machine(), "configs": {}}
     for zero in args.zero:
         r = guards_inproc.measure(zero=zero, steps=args.inproc_steps, rounds=args.rounds, dim=dim, layers=layers,
                                   batch=batch)
         results["configs"][f"zero{zero}"] = r
-        bl.log(f"guards (same processes): zero{zero} on {r['steady_on_s'] * 1000:.2f} ms, off "
-               f"{r['steady_off_s'] * 1000:.2f} ms, on/off {r['ratio']:.4f}, paired {r['paired_ratio']:.4f}")
+        g, (low, high) = r["guard_time"], r["paired_ratio_ci95"]
+        bl.log(f"guards (same processes): zero{zero} paired on/off {r['paired_ratio']:.4f} "
+               f"[{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}], guards' own time {g['total_ms']:.3f} ms/step "
+               f"= {g['fraction_of_step'] * 100:.2f} % of {r['steady_off_s'] * 1000:.1f} ms")
         rows.append([f"zero{zero}", bl.fmt(r["steady_on_s"], " ms", 2, 1000), bl.fmt(r["steady_off_s"], " ms", 2, 1000),
-                     bl.fmt(r["ratio"], "", 4), bl.fmt(r["paired_ratio"], "", 4),
-                     ", ".join(bl.fmt(p, "", 3) for p in r["round_ratios"])])
+                     bl.fmt(r["ratio"], "", 4),
+                     f"{r['paired_ratio']:.4f} [{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}]",
+                     ", ".join(f"{o[:1]}: {v['paired_ratio']:.4f}" for o, v in r["orders"].items()),
+                     f"{g['total_ms']:.3f} ms ({g['fraction_of_step'] * 100:.2f} %)",
+                     f"{g['total_cpu_ms']:.3f} ms ({g['cpu_fraction_of_step'] * 100:.2f} %)", f"{r['guard_ratio']:.4f}"])
+        parts.append([f"zero{zero}", f"{g['nonfinite_guard_ms']:.3f} / {g['nonfinite_guard_cpu_ms']:.3f} ms",
+                      f"{g['nonfinite_agree_ms']:.3f} / {g['nonfinite_agree_cpu_ms']:.3f} ms",
+                      f"{g['phase_marks_ms'] * 1000:.1f} us", f"{g['step_finished_ms'] * 1000:.1f} us",
+                      f"{g['timed_waits_per_step']:.0f} x {g['wait_overhead_us']:.2f} us",
+                      f"{g['beat_thread_ms'] * 1000:.1f} us"])
+    results["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     path = bl.write_json(args.out, results)
-    print(f"## every guard on vs off, same 2 CPU processes (gloo, fp32), MLP {dim} x {layers} layers, batch {batch}, "
-          f"{args.rounds} round(s) of {args.inproc_steps} steps per side\n")
-    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off", "paired rounds (median)",
-                             "per round"], rows))
+    print(f"## every guard on vs off, same 2 CPU processes (gloo, fp32), MLP {dim} x {layers} layers, batch {batch}; "
+          f"{args.rounds} pairs of {args.inproc_steps}-step rounds per build order, both orders; load average "
+          f"{results['machine']['load_avg'][0]} -> {results['machine']['load_avg_end'][0]}\n")
+    print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off (pooled)",
+                             "paired on/off, median [95 % CI]", "by build order (plain first, guarded first)",
+                             "guards' own time per step (wall)", "the same, CPU", "1 + own wall time / step"],
+                            rows))
+    print("\nThe guards' own time per step (medians over the guarded steps, the larger rank's; wall / CPU; the wall "
+          "time of an all-reduce includes waiting for the other rank):\n")
+    print(bl.markdown_table(["config", "non-finite guard", "of which agree (all-reduce)", "phase marks",
+                             "step_finished", "timed waits x wrapper cost", "beat thread CPU"], parts))
     print(f"\nGoal: on/off <= {GOAL_GUARDS}.\nJSON: {path}")
     return 0
 

@@ -96,7 +96,10 @@ RANKS = textwrap.dedent("""
                 if bad == "grad" and rank == 1 and micro == 1:  # a finite loss (0 added) with a NaN gradient
                     loss = loss + torch.sqrt((next(engine.module.parameters()) * 0).sum())
                 engine.backward(loss)
+                if micro == 1:  # the step's all-reduce already started (launch_early) or not
+                    early.append(engine._raytrain_guard._pending is not None)
                 engine.step()
+        early = []
         def weights():
             return [p.detach().clone() for p in engine.module.parameters()]
         step(False)
@@ -115,6 +118,7 @@ RANKS = textwrap.dedent("""
         step("grad")
         res["grad_only_same"] = all(torch.equal(a, b) for a, b in zip(before, weights()))
         res["grad_only_emitted"] = emitted
+        res["early"] = sorted(set(early))
         out[zero] = res
     print("@@result " + json.dumps(out), flush=True)
     dist.destroy_process_group()  # gloo's threads left running at exit can abort the process
@@ -143,6 +147,8 @@ def test_two_ranks_agree_and_skip_a_step_only_rank_1_saw_as_non_finite(tmp_path)
             r = res[zero]
             assert r["same"] and r["finite"], (rank, zero, r)
             assert r["global_steps"] == 2 and r["skipped_steps"] == 1 and r["lr_kept"], (rank, zero, r)
+            # under ZeRO the verdict's all-reduce runs behind the boundary's backward; without, it needs the grads
+            assert r["early"] == ([True] if zero == "1" else [False]), (rank, zero, r)
             assert r["moves_after"] and r["finite_after"], (rank, zero, r)
             if rank == 0:
                 (event,) = r["emitted"]
@@ -186,3 +192,22 @@ def test_no_checkpoint_of_non_finite_weights(capsys):
     facts = events.JobFacts.from_lines(capsys.readouterr().out.splitlines())
     assert [(e["step"], e["message"]) for e in facts.refused] == [
         (4, "checkpoint of step 4 not written: the weights are non-finite")]
+
+
+def test_the_local_code_checks_every_micro_batch_loss_once_at_the_step_and_clears_them():
+    # the losses noted over a step's micro-batches are checked together at the step: one bad one is enough,
+    # a float loss counts, and nothing carries over to the next step
+    engine = type("Engine", (), {"total_loss": None, "device": torch.device("cpu"), "module": torch.nn.Linear(2, 1)})()
+    g = guard.StepGuard(engine, rank=0, world_size=1, emit=lambda *a, **k: None)
+    for loss in (torch.tensor(1.0), torch.tensor([2.0, float("inf")]), torch.tensor(3.0)):
+        g.note_loss(loss)
+    assert int(g.local_code()) == guard.LOSS
+    assert int(g.local_code()) == 0  # cleared
+    g.note_loss(torch.tensor(1.0))
+    assert int(g.local_code()) == 0
+    g.note_loss(float("nan"))
+    assert int(g.local_code()) == guard.LOSS
+    g.note_loss(torch.tensor(float("nan"), dtype=torch.bfloat16))
+    g.note_loss(torch.tensor(1.0))
+    assert g.agree() == [guard.LOSS]
+    assert g.agree() == [0]

@@ -10,7 +10,9 @@ before DeepSpeed's optimizer step, and makes the skip the same everywhere:
   in its slot) on the job's process group: all ranks see the same verdict, and who saw what. Without ZeRO
   the code also says whether the (reduced) gradients are non-finite: nothing else checks them there. Under
   ZeRO 1-3 DeepSpeed's optimizer computes the global gradient norm and skips a step whose norm is non-finite,
-  agreed over every rank; the guard reports that skip (``non-finite gradients``);
+  agreed over every rank; the guard reports that skip (``non-finite gradients``). There the vector needs only
+  the losses, so (without a spike rule, not in a pipeline) the all-reduce starts asynchronously at the
+  boundary's ``backward`` and is over by the step: no round trip between the backward and the step;
 - a bad step runs DeepSpeed's own ``_take_model_step`` with the innermost torch optimizer's ``step`` made a
   no-op and no LR scheduler step: the gradients are cleared the way each layout clears them, the weights and
   the optimizer state stay as they were, ``global_steps`` counts the step and ``skipped_steps`` counts the skip
@@ -157,7 +159,8 @@ class StepGuard:
         self.engine, self.rank, self.world_size, self.emit = engine, rank, world_size, emit
         self.device = getattr(engine, "device", None) or torch.device("cpu")
         self.skipped: list[dict] = []
-        self._loss_flags: list[Any] = []
+        self._losses: list[Any] = []  # the (detached) loss tensors noted since the last step
+        self._loss_bad = False  # a non-tensor loss noted since the last step was non-finite
         self._loss_sum: Any = None  # with a spike rule: the losses noted this step, summed (a tensor), and how many
         self._loss_count = 0
         self.last_loss: float | None = None  # the step's loss averaged over the ranks that computed one
@@ -168,11 +171,14 @@ class StepGuard:
         self.bad_run: list[dict] = []  # the bad steps in a row so far (each with every rank's rows)
         zero = getattr(engine, "zero_optimization_stage", None)
         self.zero_stage = int(zero()) if callable(zero) else 0
+        self._pending: Any = None  # (codes, work): the step's all-reduce launch_early started
+        self._early = self.zero_stage >= 1 and not hasattr(engine, "train_batch")  # configure: not with a spike rule
 
     def configure(self, *, spike: SpikeRule | None = None, rows: Callable[[], list] | None = None,
                   rollback_after: int = 0, on_rollback: Callable[[list[dict]], None] | None = None) -> "StepGuard":
         """A ``train(ctx)`` job's additions (see the module doc)."""
         self.spike, self.rows, self.rollback_after, self.on_rollback = spike, rows, int(rollback_after), on_rollback
+        self._early = self._early and spike is None  # the spike rule's slots are means: not merged with late ones
         return self
 
     # -- noting (no host sync) ---------------------------------------------------------------------------
@@ -180,15 +186,17 @@ class StepGuard:
         import torch
 
         if isinstance(loss, torch.Tensor):
-            self._loss_flags.append(~torch.isfinite(loss.detach()).all())
+            loss = loss.detach()
+            self._losses.append(loss)  # checked once at the step (local_code): no tensor op per micro-batch
             if self.spike is not None:
-                value = loss.detach().float().mean()
+                value = loss.float().mean()
                 self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
                 self._loss_count += 1
         elif loss is not None:
             import math
 
-            self._loss_flags.append(torch.tensor(not math.isfinite(float(loss))))
+            if not math.isfinite(float(loss)):
+                self._loss_bad = True
             if self.spike is not None:
                 value = torch.tensor(float(loss))
                 self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
@@ -210,24 +218,28 @@ class StepGuard:
         return ~torch.isfinite(torch.stack([n.float() for n in norms])).all()
 
     def local_code(self) -> Any:
-        """This rank's code as a 0-d tensor (LOSS | GRADIENTS bits); clears what was noted."""
+        """This rank's code as a 0-d int32 tensor (LOSS | GRADIENTS bits); clears what was noted."""
         import torch
 
-        code = torch.zeros((), dtype=torch.int32, device=self.device)
         pipe_loss = getattr(self.engine, "total_loss", None)  # a pipeline's last stage: this batch's losses
         if pipe_loss is not None:
             self.note_loss(pipe_loss)
-        if self._loss_flags:
-            code = code + torch.stack([f.to(self.device) for f in self._loss_flags]).any().to(torch.int32) * LOSS
+        losses, self._losses = self._losses, []
+        bad = None  # a bool tensor: a noted loss is non-finite
+        if losses:
+            flat = losses[0] if len(losses) == 1 else torch.cat([t.reshape(-1).to(self.device) for t in losses])
+            bad = torch.isfinite(flat).all().logical_not()
+        if self._loss_bad:
+            bad, self._loss_bad = torch.ones((), dtype=torch.bool), False
+        code = (bad.to(self.device, torch.int32) * LOSS if bad is not None
+                else torch.zeros((), dtype=torch.int32, device=self.device))
         grads_bad = self.gradients_bad()
         if grads_bad is not None:
-            code = code + grads_bad.to(self.device).to(torch.int32) * GRADIENTS
-        self._loss_flags = []
+            code = code + grads_bad.to(self.device, torch.int32) * GRADIENTS
         return code
 
-    def agree(self) -> list[int]:
-        """Every rank's code, the same list on every rank: one all-reduce of ``world_size`` ints (with a spike
-        rule: of ``3 x world_size`` floats, which also carry each rank's loss, so ``last_loss`` is agreed)."""
+    def _codes(self) -> Any:
+        """This rank's slots of the all-reduced vector (see ``agree``); clears what was noted."""
         import torch
 
         n = self.world_size
@@ -241,10 +253,45 @@ class StepGuard:
                 codes[n + self.rank] = self._loss_sum.to(self.device, torch.float64) / self._loss_count
                 codes[2 * n + self.rank] = 1.0
             self._loss_sum, self._loss_count = None, 0
-        if n > 1:
-            import torch.distributed as dist
+        return codes
 
-            dist.all_reduce(codes)
+    def launch_early(self) -> None:
+        """At the accumulation boundary's ``backward``, before it runs: start the step's all-reduce now, so that
+        it completes while the backward computes instead of adding a round trip before the optimizer step. Only
+        where the verdict needs nothing the backward makes: under ZeRO 1-3 (ZeRO's optimizer checks the
+        gradients itself), no spike rule, not a pipeline, more than one rank. Every rank takes the same path
+        (the same engine config and the same calls), so the collectives stay matched."""
+        if self._pending is not None or not self._early or self.world_size < 2:
+            return
+        boundary = getattr(self.engine, "is_gradient_accumulation_boundary", None)
+        if not callable(boundary) or not boundary():
+            return
+        import torch.distributed as dist
+
+        codes = self._codes()
+        self._pending = (codes, dist.all_reduce(codes, async_op=True))
+
+    def agree(self) -> list[int]:
+        """Every rank's code, the same list on every rank: one all-reduce of ``world_size`` ints (with a spike
+        rule: of ``3 x world_size`` floats, which also carry each rank's loss, so ``last_loss`` is agreed); the
+        one ``launch_early`` started, if any."""
+        n = self.world_size
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            codes, work = pending
+            work.wait()
+            if self._losses or self._loss_bad:  # a loss noted after the launch (another backward before the step)
+                import torch.distributed as dist
+
+                late = self._codes()
+                dist.all_reduce(late)
+                codes = codes | late
+        else:
+            codes = self._codes()
+            if n > 1:
+                import torch.distributed as dist
+
+                dist.all_reduce(codes)
         values = codes.tolist()
         if self.spike is not None:
             have = sum(values[2 * n:])
@@ -272,6 +319,7 @@ class StepGuard:
 
         def guarded_backward(loss: Any, *args: Any, **kwargs: Any) -> Any:
             self.note_loss(loss)
+            self.launch_early()
             return backward(loss, *args, **kwargs)
 
         def guarded_step(*args: Any, **kwargs: Any) -> Any:
