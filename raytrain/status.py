@@ -79,7 +79,8 @@ def outcome(facts: JobFacts | None) -> JobState | None:
 def job_state(cluster_state: JobState, facts: JobFacts | None = None) -> JobState:
     """The cluster's view refined by the job's log, the same for every target: a running job whose driver has
     said it failed (its last word before it exits: ``outcome``) is FAILED; one whose workers restart is
-    RESTARTING; one whose workers are not placed yet (the driver has not asked, or their placement group waits
+    RESTARTING; one whose driver was ended by a SIGTERM other than Ray's job stop (Ray says FAILED) is STOPPED;
+    one whose workers are not placed yet (the driver has not asked, or their placement group waits
     for resources: ``facts.waiting``) is PENDING. A success or a stop waits for the cluster to say so.
     ``facts`` None: the log was not read (or could not be), so the cluster's view stands."""
     if cluster_state is JobState.RUNNING and facts is not None:
@@ -89,6 +90,8 @@ def job_state(cluster_state: JobState, facts: JobFacts | None = None) -> JobStat
             return JobState.RESTARTING
         if facts.started is None or facts.waiting is not None:
             return JobState.PENDING  # the workers are not placed yet
+    if cluster_state is JobState.FAILED and outcome(facts) is JobState.STOPPED:
+        return JobState.STOPPED  # a SIGTERM that was not Ray's job stop: the driver ends by the signal it got
     return cluster_state
 
 

@@ -107,3 +107,27 @@ def test_async_saves_under_a_pipeline_agree_with_sync(cli):
         assert [c["step"] for c in listed] == [2, 4, 6] and facts.checkpoints == [2, 4, 6], (mode, listed)
         runs[mode] = ([m["loss"] for m in facts.metrics], facts.metrics[-1]["probe_loss"])
     assert runs["async"] == runs["sync"]
+
+
+@pytest.mark.parametrize("layout", [
+    ["--zero", "3", "--offload", "optimizer"],  # ZeRO-3 shards, the optimizer's state in host memory
+    ["--zero", "1", "--tp", "2"],  # AutoTP: each rank's slice of every split layer
+], ids=["zero3-offload", "tp2"])
+def test_a_restart_from_an_async_checkpoint_agrees_with_sync_saves(cli, tmp_path, layout):
+    """Step 2's async save is written 4 s late, while step 3 trains (and changes every tensor it copied); then a
+    rank crashes and the group restarts from that checkpoint. The losses and the final parameters are those of
+    an uninterrupted run with sync saves: the snapshot, not the live state, is what was written."""
+    flags = ["--workers", "2", "--precision", "fp32", "--micro-batch", "4", "--checkpoint-every", "2", *layout]
+    _, sync, sync_params = run(cli, [*flags, "--checkpoint-mode", "sync"], ["--steps", "5"], tmp_path, "sync")
+    info, facts, params = run(cli, [*flags, "--checkpoint-mode", "async", "--max-failures", "1"],
+                              ["--steps", "5", "--slow-upload", "2:4", "--crash-after-step", "3"], tmp_path, "async")
+    assert info["state"] == "succeeded" and info["restarts"] == 1, info
+    assert facts.started["checkpoint_mode"] == "async" and sync.started["checkpoint_mode"] == "sync"
+    assert "raytrain: restored step 2 from" in rank_log(cli, info["id"], 0)
+    steps = [m["step"] for m in facts.metrics]
+    assert steps == [1, 2, 3, 3, 4, 5], steps  # step 3 redone after the restart from step 2
+    by_step = {m["step"]: m["loss"] for m in facts.metrics}  # the restart's (the later) losses
+    assert [by_step[s] for s in range(1, 6)] == sync.losses, (facts.losses, sync.losses)
+    assert_same_params(params, sync_params)
+    listed = json.loads(cli("jobs", "status", info["id"], "--json", check=True).stdout)["checkpoint_timings"]
+    assert {r["mode"] for r in listed} == {"async"}, listed

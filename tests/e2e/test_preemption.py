@@ -75,3 +75,56 @@ def test_sigterm_to_a_worker_commits_the_step_in_progress_and_resumes_from_it(cl
     assert g["parts"]["restarts"] > 0 and g["parts"]["checkpoint"] > 0, g
     text = cli("jobs", "status", info["id"], check=True).stdout
     assert "preempted SIGTERM on rank 1" in text and "goodput " in text, text
+
+
+def driver_pid(cli, job_id, timeout=60):
+    """The process id of a running job's driver, as Ray's job API reports it."""
+    from pathlib import Path
+
+    from raytrain.clusters import ray_process
+    from raytrain.clusters.dashboard import Dashboard, token_headers
+
+    record = json.loads((Path(cli.env["RAYTRAIN_HOME"]) / ray_process.RECORDS["head"]).read_text())
+    dashboard = Dashboard(record["dashboard_url"], token_headers(Path(record["token_path"]).read_text().strip()))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for job in dashboard.get("/api/jobs/", timeout=15):
+            if job.get("submission_id") == job_id and (job.get("driver_info") or {}).get("pid"):
+                return int(job["driver_info"]["pid"])
+        time.sleep(0.5)
+    raise AssertionError(f"no driver pid for {job_id} after {timeout} s")
+
+
+def test_sigterm_to_the_driver_commits_the_step_in_progress_and_resume_continues_after_it(cli, tmp_path):
+    """Not `jobs stop` (Ray's stop SIGKILLs the driver 3 s after its SIGTERM): a plain SIGTERM to the driver, as
+    a pod eviction or a shutdown sends. The job ends stopped with the step in progress committed; --resume
+    continues after it and ends with the weights of an uninterrupted run."""
+    base = submit_json(cli, JOBS / "gpt_zero.py", FLAGS, ["--steps", "10"])
+    proc = cli("submit", JOBS / "gpt_zero.py", *FLAGS, "--no-wait", "--json", "--",
+               "--steps", "10", "--preempt-handshake", f"{tmp_path}:5", check=True)
+    run = json.loads(proc.stdout)["id"]
+    deadline = time.monotonic() + 400
+    while not (tmp_path / "rank-1.json").exists():
+        assert time.monotonic() < deadline, "no handshake after 400 s"
+        time.sleep(0.2)
+    os.kill(driver_pid(cli, run), signal.SIGTERM)  # every rank waits after step 5 until it has the notice
+    deadline = time.monotonic() + 180
+    while (status := cli.json("jobs", "status", run))["state"] not in ("stopped", "failed", "succeeded"):
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+    assert status["state"] == "stopped", status
+    facts = cli.facts(run)
+    (preempted,) = facts.preempted
+    assert preempted["message"].startswith("preempted: driver SIGTERM on rank "), preempted
+    assert preempted["saved"] is True and preempted["step"] == 6, preempted  # the step in progress
+    assert facts.stopped["checkpoint_step"] == 6 and f"--resume {run}" in facts.stopped["message"], facts.stopped
+    assert facts.error is None and facts.finished is None
+    assert [m["step"] for m in facts.metrics] == list(range(1, 7))
+    listed = json.loads(cli("jobs", "checkpoints", run, "--json", check=True).stdout)
+    assert [c["step"] for c in listed] == [6] and listed[0]["complete"], listed
+
+    info = submit_json(cli, JOBS / "gpt_zero.py", [*FLAGS, "--resume", run], ["--steps", "10"])
+    resumed = cli.facts(info["id"])
+    assert resumed.started["resume_from"] == listed[0]["path"]
+    assert [m["step"] for m in resumed.metrics] == list(range(7, 11))  # nothing lost, nothing redone
+    assert_same_weights(cli, info["id"], base["id"], tmp_path)

@@ -172,6 +172,20 @@ def test_weights_check_reads_zero3_partitions():
     assert not guard.local_weights_finite(model)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_weights_check_by_sum_tells_overflow_from_non_finite(dtype):
+    """The check sums each tensor first: a sum that overflows from finite weights is not taken for a NaN/inf."""
+    big = torch.finfo(dtype).max / 2
+    model = torch.nn.Linear(64, 64).to(dtype)
+    with torch.no_grad():
+        model.weight.fill_(big)  # every weight finite, their sum is not (in fp32)
+        assert guard.local_weights_finite(model)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            model.weight.fill_(0.5)
+            model.weight[3, 7] = bad
+            assert not guard.local_weights_finite(model), bad
+
+
 def test_no_checkpoint_of_non_finite_weights(capsys):
     from raytrain.runtime.worker.context import TrainContext
 

@@ -126,3 +126,13 @@ def test_following_a_rayjob_stuck_initializing_gives_up_saying_where_to_look(mon
     running = _target(monkeypatch, {**RUNNING_RAYJOB, "rayClusterName": "c"}, "")
     running.init_timeout_s = 0.0
     running._check_not_stuck("cnn-x", RUNNING_RAYJOB, 10.0)  # started: never stuck
+
+
+def test_a_driver_ended_by_a_plain_sigterm_is_stopped_not_failed():
+    """Ray says FAILED for a driver a SIGTERM ended outside its job stop; the driver's last word says stopped."""
+    from raytrain.events import STOPPED
+
+    stopped = JobFacts.from_lines([*STARTED_LOG, format_event(STOPPED, signal="SIGTERM")])
+    assert state_of("FAILED", stopped) is JobState.STOPPED
+    assert state_of("FAILED", TRAINING) is JobState.FAILED
+    assert state_of("STOPPED", stopped) is JobState.STOPPED

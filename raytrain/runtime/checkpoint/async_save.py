@@ -42,32 +42,61 @@ REGISTER_TIMEOUT_S = 30.0
 COMMIT_TIMEOUT_S = 600.0  # Ray Train's controller takes a report within a poll (raytrain.ray_tuning.prompt_poll)
 
 
-def _is_tensor(obj: Any) -> bool:
-    import torch
+_TENSOR: list = []  # torch.Tensor, once imported (host_copy asks of every value: no import per call)
 
-    return isinstance(obj, torch.Tensor)
+
+def _is_tensor(obj: Any) -> bool:
+    if not _TENSOR:
+        import torch
+
+        _TENSOR.append(torch.Tensor)
+    return isinstance(obj, _TENSOR[0])
 
 
 class PinnedPool:
     """Host buffers for the snapshot's tensors (pinned on CUDA), kept between saves: allocating memory costs far
     more than filling it. A buffer is reused only once the previous save's write finished (one save in
-    flight)."""
+    flight). ``buffer`` hands out a tensor's buffer and queues its copy; ``flush`` makes every queued copy in one
+    call (``torch._foreach_copy_``: a Python call per tensor costs more than a small tensor's memcpy)."""
 
     def __init__(self, pin: bool):
         self.pin = pin
         self._buffers: dict[tuple, Any] = {}
+        self._dst: list[Any] = []
+        self._src: list[Any] = []
+        self.copied = 0  # bytes queued since the last reset_count
 
-    def copy(self, tensor: Any, key: tuple) -> Any:
+    def buffer(self, tensor: Any, key: tuple) -> Any:
         import torch
 
-        t = tensor.detach()
-        pin = self.pin and t.device.type == "cuda"
         buf = self._buffers.get(key)
         # reused from save to save: fresh host memory costs a page fault per page on every save
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+            pin = self.pin and tensor.device.type == "cuda"
+            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
             self._buffers[key] = buf
-        buf.copy_(t, non_blocking=pin)
+        self._dst.append(buf)
+        self._src.append(tensor)
+        self.copied += buf.numel() * buf.element_size()
+        return buf
+
+    def flush(self) -> None:
+        import torch
+
+        dst, src, self._dst, self._src = self._dst, self._src, [], []
+        if not dst:
+            return
+        with torch.no_grad():
+            if hasattr(torch, "_foreach_copy_"):
+                torch._foreach_copy_(dst, src, non_blocking=self.pin)
+            else:
+                for d, t in zip(dst, src):
+                    d.copy_(t, non_blocking=self.pin)
+
+    def copy(self, tensor: Any, key: tuple) -> Any:
+        """One tensor's host copy, made now."""
+        buf = self.buffer(tensor, key)
+        self.flush()
         return buf
 
     @property
@@ -78,22 +107,31 @@ class PinnedPool:
 def host_copy(obj: Any, pool: PinnedPool, prefix: tuple = (), memo: dict | None = None) -> Any:
     """``obj`` with every tensor copied to host memory (a tensor met twice is copied once); containers are
     rebuilt, other values deep-copied (the live optimizer and scheduler go on changing theirs)."""
+    out = _host_structure(obj, pool, prefix, {} if memo is None else memo)
+    pool.flush()
+    return out
+
+
+def _host_structure(obj: Any, pool: PinnedPool, prefix: tuple, memo: dict) -> Any:
+    """host_copy's walk: the copy's structure, each tensor's copy queued in ``pool``."""
     import copy
 
-    memo = {} if memo is None else memo
     if id(obj) in memo:
         return memo[id(obj)]
     if _is_tensor(obj):
-        out = pool.copy(obj, prefix)
+        out = pool.buffer(obj, prefix)
     elif isinstance(obj, dict):
         try:
             out = type(obj)()
         except TypeError:
             out = {}
         for k, v in obj.items():
-            out[k] = host_copy(v, pool, prefix + (k,), memo)
+            out[k] = _host_structure(v, pool, prefix + (k,), memo)
     elif isinstance(obj, (list, tuple)):
-        items = [host_copy(v, pool, prefix + (i,), memo) for i, v in enumerate(obj)]
+        if obj and all(type(v) in _ATOMS for v in obj):  # a list of numbers or names (a param group's "params")
+            items = list(obj)
+        else:
+            items = [_host_structure(v, pool, prefix + (i,), memo) for i, v in enumerate(obj)]
         if isinstance(obj, list):
             out = items
         elif hasattr(obj, "_fields"):  # a namedtuple
@@ -103,6 +141,8 @@ def host_copy(obj: Any, pool: PinnedPool, prefix: tuple = (), memo: dict | None 
                 out = type(obj)(items)
             except TypeError:
                 out = tuple(items)
+    elif type(obj) in _ATOMS:
+        out = obj
     else:
         try:
             out = copy.deepcopy(obj)
@@ -110,6 +150,9 @@ def host_copy(obj: Any, pool: PinnedPool, prefix: tuple = (), memo: dict | None 
             out = obj
     memo[id(obj)] = out
     return out
+
+
+_ATOMS = (int, float, str, bool, bytes, type(None))
 
 
 class DeferringEngine:
@@ -169,20 +212,6 @@ class Snapshot:
         markers.write(target, replace(self.marker, files=files))
 
 
-def _nbytes(obj: Any, seen: set | None = None) -> int:
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return 0
-    seen.add(id(obj))
-    if _is_tensor(obj):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_nbytes(v, seen) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v, seen) for v in obj)
-    return 0
-
-
 def snapshot(
     engine: Any, pool: PinnedPool, *, rank: int, world_size: int, step: int, user_state: dict, metrics: dict,
     hf_model: dict | None = None,
@@ -196,6 +225,7 @@ def snapshot(
     from raytrain.runtime.checkpoint import files as checkpoint
 
     started = time.perf_counter()
+    pool.copied = 0
     directory = Path(tempfile.mkdtemp(prefix=f"raytrain-ckpt-{rank}-"))
     tag = f"step{step}"
     real = engine.checkpoint_engine
@@ -222,7 +252,7 @@ def snapshot(
         directory=directory, writes=deferring.writes, writer=real, ready=ready,
         marker=Marker(rank=rank, world_size=world_size, step=step, tag=tag, time=time.time(), metrics=metrics),
     )
-    snap.nbytes = sum(_nbytes(s) for _, s in snap.writes)
+    snap.nbytes = pool.copied
     snap.snapshot_s = time.perf_counter() - started
     return snap
 

@@ -273,13 +273,22 @@ def end_trackers(plan: Plan, run_name: str, outcome: str) -> None:
 
 
 BOARD: list = []  # the job's board (raytrain.runtime.driver.hang_watch), once made: a SIGTERM tells the workers through it
+STOPPING: list = []  # the thread that ends the job after a SIGTERM, once one came
+# How long a SIGTERM'd driver waits for the workers' checkpoint of the step in progress before it ends the job
+# anyway (`jobs stop` gives it RAY_JOB_STOP_WAIT_TIME_S, 3 s unless the cluster was started with more)
+STOP_GRACE_S = 60.0
+STOP_POLL_S = 0.25
 
 
 def record_when_stopped(plan: Plan, run_name: str) -> None:
-    """`jobs stop` (and a cluster that stops) SIGTERMs this process; Ray's job supervisor SIGKILLs it 3 s later.
-    The handler writes the job's last word, a ``stopped`` event (the run's record then says how the job ended
-    after its cluster is gone), ends --track's runs as stopped within 2.5 s, then exits as Ray's own handler
-    does. MLflow's client is made ready ahead, in the background, so that a stop only has the call to make."""
+    """A SIGTERM to this process (`jobs stop`, a cluster that stops, a pod evicted, a plain kill) ends the job,
+    losing at most the step in progress. At once: the job's last word, a ``stopped`` event (the run's record then
+    says how the job ended even if a SIGKILL follows: Ray's job stop sends one RAY_JOB_STOP_WAIT_TIME_S later),
+    every rank's preemption notice through the job's board, --track's runs ended as stopped (within 2.5 s).
+    Then, on a thread, the workers save the step in progress (raytrain.runtime.worker.preemption) and tell the
+    board; once it is committed (or after STOP_GRACE_S) a second ``stopped`` event names the checkpoint, and the
+    process ends as Ray's own handler does. A second SIGTERM ends it at once. MLflow's client is made ready
+    ahead, in the background, so that a stop only has the call to make."""
     import signal
     import threading
 
@@ -294,28 +303,76 @@ def record_when_stopped(plan: Plan, run_name: str) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_stop(signum, frame):
-        try:
-            emit(events.STOPPED, signal="SIGTERM")
-        except Exception:  # noqa: BLE001 (stdout gone, or mid-write in this very thread: a buffered stream is
-            try:  # not reentrant; the record has the event already): the line straight to the fd
-                os.write(1, (events.format_event(events.STOPPED, signal="SIGTERM") + "\n").encode())
-            except OSError:  # the stop itself must go on
-                pass
-        for board in BOARD:  # the workers' preemption notice at their next beat (best effort: Ray's job stop
-            try:            # kills this driver, and with it the workers, RAY_JOB_STOP_WAIT_TIME_S after the SIGTERM)
-                board.preempt.remote("driver SIGTERM")
+        if STOPPING:  # the stopping thread is done, or a second SIGTERM: the sender means it
+            if callable(previous):
+                previous(signum, frame)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        say_stopped(signal="SIGTERM")
+        for board in BOARD:  # every rank's preemption notice at its next beat
+            try:
+                board.preempt.remote("driver SIGTERM", time.time() + STOP_GRACE_S)
             except Exception:  # noqa: BLE001
                 pass
+        ender = None
         if ends_trackers:
             ender = threading.Thread(target=end_trackers, args=(plan, run_name, "stopped"), daemon=True)
             ender.start()
-            ender.join(timeout=2.5)
-        if callable(previous):
-            previous(signum, frame)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        stopping = threading.Thread(target=end_after_stop, args=(run_name, ender), daemon=True,
+                                    name="raytrain-stop")
+        STOPPING.append(stopping)
+        stopping.start()
 
     signal.signal(signal.SIGTERM, on_stop)
+
+
+def say_stopped(**fields) -> None:
+    """The driver's ``stopped`` event, also from a signal handler."""
+    try:
+        emit(events.STOPPED, **fields)
+    except Exception:  # noqa: BLE001 (stdout gone, or mid-write in this very thread: a buffered stream is
+        try:  # not reentrant; the record has the event already): the line straight to the fd
+            os.write(1, (events.format_event(events.STOPPED, **fields) + "\n").encode())
+        except OSError:  # the stop itself must go on
+            pass
+
+
+def end_after_stop(run_name: str, ender) -> None:
+    """The stopping thread (record_when_stopped): wait for the workers' checkpoint, say which, then SIGTERM this
+    process again (its handler then ends it)."""
+    import signal
+
+    import ray
+
+    deadline = time.time() + STOP_GRACE_S
+    outcome = None
+    for board in BOARD:
+        while time.time() < deadline:
+            try:
+                state = ray.get(board.preempt_state.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 (a board that is gone: nothing will answer)
+                break
+            if state["outcome"] is not None or not state["ranks"]:  # answered, or no worker trains yet
+                outcome = state["outcome"]
+                break
+            time.sleep(STOP_POLL_S)
+    fields = {"signal": "SIGTERM"}
+    if outcome and outcome.get("saved"):
+        fields.update(checkpoint_step=outcome["step"], message=(
+            f"stopped (SIGTERM): the checkpoint of step {outcome['step']} is committed; "
+            f"`raytrain submit ... --resume {run_name}` continues after it"))
+    elif BOARD:
+        fields.update(message=("stopped (SIGTERM): no checkpoint of the step in progress"
+                               + (f" (step {outcome['step']}: refused)" if outcome else
+                                  f" within {STOP_GRACE_S:g} s") + "; `--resume` continues from the last "
+                               "committed one"))
+    if len(fields) > 1:
+        say_stopped(**fields)
+    if ender is not None:
+        ender.join(timeout=2.5)
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def watch_hangs(plan: Plan, run_name: str):
@@ -531,14 +588,23 @@ def fit(job: Job) -> Outcome:
         with prompt_poll.installed(), rollback_policy(job.plan):  # the controller polls the workers when they ask
             result = trainer.fit()
     except Exception as exc:  # TrainingFailedError and friends: report the cause in one line
+        wait_for_stop()
         return classify_failure(exc, dog.summary if dog is not None else None)
     finally:
         watch.stopped.set()
         if dog is not None:
             dog.stopped.set()
+    wait_for_stop()
     checkpoint = getattr(result, "checkpoint", None)
     return Outcome(events.FINISHED, {"time": round(time.time(), 3), "metrics": result.metrics, "path": getattr(result, "path", None),
                                      "checkpoint": getattr(checkpoint, "path", None)}, 0)
+
+
+def wait_for_stop() -> None:
+    """After a SIGTERM the stopping thread ends the job (record_when_stopped): the training's own end, meanwhile,
+    is not the job's."""
+    for stopping in STOPPING:
+        stopping.join(timeout=STOP_GRACE_S + 10)
 
 
 def classify_failure(exc: BaseException, hang_summary: list[str] | None = None) -> Outcome:

@@ -36,6 +36,8 @@ class Board:
         self.straggler: dict | None = None  # the latest straggler episode's change: noted the same way
         self.rollbacks: list[dict] = []  # the job's rollbacks (runtime.worker.rollback): the rows each one skips
         self.preempt_reason: str | None = None  # the driver got a SIGTERM: every rank's preemption notice
+        self.preempt_deadline: float | None = None  # by when (seconds since the epoch) the driver ends the job
+        self.preempt_outcome: dict | None = None  # the checkpoint the driver's notice led to (a worker tells)
 
     def beat(self, beat: dict) -> dict:
         if beat.get("pid") in self.exiting:
@@ -43,11 +45,20 @@ class Board:
         self.beats[int(beat["rank"])] = {**beat, "seen": time.time()}
         return {"stacks": self.request, **({"hang": self.hang} if self.hang else {}),
                 **({"straggler": self.straggler} if self.straggler else {}),
-                **({"preempt": self.preempt_reason} if self.preempt_reason else {})}
+                **({"preempt": self.preempt_reason, "preempt_deadline": self.preempt_deadline}
+                   if self.preempt_reason else {})}
 
-    def preempt(self, reason: str) -> None:
+    def preempt(self, reason: str, deadline: float | None = None) -> None:
         """Every rank gets a preemption notice at its next beat (raytrain.runtime.worker.preemption)."""
-        self.preempt_reason = reason
+        self.preempt_reason, self.preempt_deadline = reason, deadline
+
+    def preempted(self, outcome: dict) -> None:
+        """A worker: the checkpoint the driver's notice led to is committed (or was refused), ``outcome``."""
+        self.preempt_outcome = outcome
+
+    def preempt_state(self) -> dict:
+        """For the driver's stop: the workers' answer to its notice (None: not yet), and how many ranks beat."""
+        return {"outcome": self.preempt_outcome, "ranks": len(self.beats)}
 
     def hung(self, summary: dict) -> None:
         self.hang = {**summary, "seq": (self.hang or {}).get("seq", 0) + 1}

@@ -140,7 +140,7 @@ class Beat(threading.Thread):
                 if reply.get("preempt"):  # the driver got a SIGTERM: checkpoint at the next step boundary
                     from raytrain.runtime.worker import preemption
 
-                    preemption.notify(str(reply["preempt"]))
+                    preemption.notify(str(reply["preempt"]), reply.get("preempt_deadline"))
                 hung = reply.get("hang") or {}
                 if hung.get("seq", 0) > hang_seen:
                     hang_seen = hung["seq"]

@@ -154,9 +154,21 @@ def start_watch() -> None:
     _watcher.start()
 
 
+DRIVER_REASON = "driver SIGTERM"  # the notice the driver's SIGTERM sends every rank (runtime.driver.entrypoint)
+# After a driver's notice the ranks wait for the driver to end the job (it does once it heard of the commit);
+# bounded, should it never do so
+DRIVER_END_WAIT_S = 120.0
+
+
 def agreed(*, rank: int, device: Any, world_size: int) -> tuple[bool, int, float | None]:
-    """At a step boundary, on every rank (one all-reduce of three numbers): (whether any rank has a notice, the
-    highest rank that has one, the earliest deadline among them as seconds left, or None)."""
+    """At a step boundary, on every rank (one all-reduce): (whether any rank has a notice, the highest rank that
+    has one, the earliest deadline among them as seconds left, or None)."""
+    return agreed_notice(rank=rank, device=device, world_size=world_size)[:3]
+
+
+def agreed_notice(*, rank: int, device: Any, world_size: int) -> tuple[bool, int, float | None, bool]:
+    """:func:`agreed`, and whether any rank's notice is the driver's SIGTERM (the job then ends after the
+    checkpoint instead of restarting)."""
     import torch
 
     notice = _notice
@@ -164,13 +176,14 @@ def agreed(*, rank: int, device: Any, world_size: int) -> tuple[bool, int, float
     if notice is not None and notice.deadline is not None:
         left = -(notice.deadline - time.time())  # MAX of the negation: the least time left
     who = float(rank) if notice is not None else -1.0
-    t = torch.tensor([1.0 if notice is not None else 0.0, who, left], dtype=torch.float64, device=device)
+    driver = 1.0 if notice is not None and notice.reason == DRIVER_REASON else 0.0
+    t = torch.tensor([1.0 if notice is not None else 0.0, who, left, driver], dtype=torch.float64, device=device)
     if world_size > 1:
         import torch.distributed as dist
 
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    flag, who, neg_left = t.tolist()
-    return flag > 0, int(who), (None if math.isinf(neg_left) else -neg_left)
+    flag, who, neg_left, driver = t.tolist()
+    return flag > 0, int(who), (None if math.isinf(neg_left) else -neg_left), driver > 0
 
 
 def describe(notice: Notice | None, *, rank: int, node: str) -> str:
@@ -204,8 +217,8 @@ def check(ctx: Any, metrics: dict[str, Any]) -> None:
     ``Preempted``. Where the deadline left is shorter than the last measured save, nothing is written."""
     from raytrain import events
 
-    noticed, who, left = agreed(rank=ctx.rank, device=getattr(ctx.engine, "device", "cpu"),
-                                world_size=ctx.world_size)
+    noticed, who, left, by_driver = agreed_notice(rank=ctx.rank, device=getattr(ctx.engine, "device", "cpu"),
+                                                  world_size=ctx.world_size)
     if not noticed:
         return
     step = int(metrics["step"])
@@ -218,7 +231,7 @@ def check(ctx: Any, metrics: dict[str, Any]) -> None:
         if ctx.rank == who:
             events.emit(events.PREEMPTED, step=step, rank=who, saved=False, deadline_s=round(left, 3),
                         save_s=round(last, 3), time=round(time.time(), 3), message=message)
-        raise Preempted(message)
+        _end(ctx, by_driver, who, {"step": step, "saved": False}, message)
     saved = ctx._checkpoints.last_saved_step == step  # a periodic checkpoint of this very step
     save_s = ctx.last_save_s or 0.0
     if not saved:
@@ -228,12 +241,39 @@ def check(ctx: Any, metrics: dict[str, Any]) -> None:
     if saved:  # an async save is committed only once every rank's files are uploaded: wait for that here
         save_s += ctx._checkpoints.wait_in_flight()
     mark_done()
+    then = "the driver ends the job (--resume continues from it)" if by_driver else "restarting"
     if saved:
-        message = f"preempted: {where}: checkpoint of step {step} committed in {save_s:.1f} s; restarting"
+        message = f"preempted: {where}: checkpoint of step {step} committed in {save_s:.1f} s; {then}"
     else:
-        message = f"preempted: {where}: no checkpoint of step {step} (refused); restarting"
+        message = f"preempted: {where}: no checkpoint of step {step} (refused); {then}"
     if ctx.rank == who:
         events.emit(events.PREEMPTED, step=step, rank=who, saved=saved, save_s=round(save_s, 3),
                     **({"deadline_s": round(left, 3)} if left is not None else {}), time=round(time.time(), 3),
                     message=message)
+    _end(ctx, by_driver, who, {"step": step, "saved": saved, "save_s": round(save_s, 3)}, message)
+
+
+def tell_driver(outcome: dict) -> bool:
+    """Tell the driver, through the job's board, what its notice led to; False where that fails (the driver then
+    ends the job at its own deadline)."""
+    try:
+        import ray
+
+        from raytrain.runtime.driver import hang_watch
+
+        board = ray.get_actor(hang_watch.board_name(ray.get_runtime_context().get_job_id()),
+                              namespace=hang_watch.NAMESPACE)
+        ray.get(board.preempted.remote(outcome), timeout=10)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _end(ctx: Any, by_driver: bool, who: int, outcome: dict, message: str) -> None:
+    """A worker's notice: raise ``Preempted`` (Ray Train restarts the group). The driver's: tell it the outcome
+    (rank ``who``) and wait for it to end the job (a restart would only be killed with it), bounded."""
+    if by_driver:
+        if ctx.rank == who:
+            tell_driver(outcome)
+        time.sleep(DRIVER_END_WAIT_S)
     raise Preempted(message)

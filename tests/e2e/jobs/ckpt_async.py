@@ -7,6 +7,8 @@ Test handshakes (only on a run that was not restored, so a restart runs clean):
 the upload thread (raytrain.runtime.checkpoint.async_save.BEFORE_WRITE), while training goes on.
 ``--sigkill-at-step N --hold-upload-step M``: rank 1 holds its step-M upload; after step N's report rank 0
 waits until its own step-M files are in storage, then rank 1 (whose upload is still held) is SIGKILLed.
+``--crash-after-step N``: after step N's report every rank waits until the save in flight is committed, then
+rank 1 exits: the restart resumes from that checkpoint (written while training went on).
 """
 import argparse
 import os
@@ -29,7 +31,13 @@ def parser():
     p.add_argument("--slow-upload", action="append", default=[])
     p.add_argument("--sigkill-at-step", type=int, default=0)
     p.add_argument("--hold-upload-step", type=int, default=0)
+    p.add_argument("--crash-after-step", type=int, default=0)
     return p
+
+
+# --tp: the two Linear layers of model(), split column then row (a plain nn.Sequential has no role names)
+TP_SPEC = {"layer_specs": [{"patterns": [r"(.*\.)?0\.weight$"], "partition_type": "column"},
+                           {"patterns": [r"(.*\.)?2\.weight$"], "partition_type": "row"}]}
 
 
 def model(args=None):
@@ -93,6 +101,12 @@ def train(ctx):
         ctx.report({"loss": float(t) / ctx.world_size})
         if step + 1 == args.sigkill_at_step and ctx.resumed_from is None:
             sigkill_mid_upload(ctx, args, holding)
+        if step + 1 == args.crash_after_step and ctx.resumed_from is None:
+            ctx._checkpoints.wait_in_flight()
+            dist.barrier()
+            if ctx.rank == 1:
+                print(f"rank 1: crash after step {step + 1}", flush=True)
+                os._exit(1)
     if args.params_out:
         import deepspeed
 
