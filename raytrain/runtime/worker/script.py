@@ -279,9 +279,11 @@ def deepspeed_hooks(*, injected_config: str | None, log: Any, enabled: bool = Tr
                     "config (its --zero/--precision/batch flags) is not applied"
                 )
         result = original(*args, **kwargs)
-        from raytrain.runtime.worker import guard
+        from raytrain.runtime.worker import deepspeed_compat, guard
 
-        guard.install(result[0] if isinstance(result, tuple) and result else result)
+        engine = result[0] if isinstance(result, tuple) and result else result
+        deepspeed_compat.fix_engine(engine)  # an older DeepSpeed's known defects (a no-op on 0.19)
+        guard.install(engine)
         return result
 
     deepspeed.initialize = initialize
