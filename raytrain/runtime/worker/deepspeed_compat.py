@@ -4,7 +4,7 @@ DeepSpeed 0.18.x: the ZeRO-1/2 optimizer flattens the model's parameters into on
 detaching it, so the buffer and its per-rank partitions carry autograd history (0.19 detaches it). On CPU
 workers gloo's all-gather of the updated partitions writes into views of that buffer and every optimizer
 step fails with "Output 0 of Split is a view and is being modified inplace" (NCCL writes through a raw
-pointer and does not meet it). :func:`fix_engine` detaches those buffers once, after
+pointer and should not meet it). :func:`fix_engine` detaches those buffers once, after
 ``deepspeed.initialize``: the same storage, so the parameters, partitions and buffer stay linked as
 DeepSpeed set them up, exactly what 0.19 builds.
 
