@@ -19,7 +19,9 @@ NEEDS: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
     "ray": RAY_MINORS,
     "python": ((3, 10), (3, 11)),
     "torch": ((2, 4), (2, 15)),
-    "deepspeed": ((0, 19), (0, 19)),  # 0.18 fails a ZeRO-1/2 step on torch 2.15 (in-place write to a split view)
+    # 0.18 on any torch in range: with the fixes in runtime/worker/deepspeed_compat.py (its ZeRO-1/2 step
+    # fails on CPU workers without them)
+    "deepspeed": ((0, 18), (0, 19)),
 }
 LABELS = {"ray": "Ray", "python": "Python", "torch": "torch", "deepspeed": "DeepSpeed"}
 

@@ -42,12 +42,20 @@ def test_each_component_refuses_older_and_warns_newer(component, old, new):
     assert compat.check_versions({component: good}, "http://h:8265") == (None, [])
 
 
+def test_deepspeed_0_18_is_accepted_with_every_supported_torch():
+    """DeepSpeed 0.18.x runs with raytrain's fixes (runtime/worker/deepspeed_compat.py) on torch 2.4 to 2.15."""
+    for torch in ("2.4.1", "2.13.0+cpu", "2.15.0+cu132"):
+        assert compat.check_versions({"torch": torch, "deepspeed": "0.18.9"}, "http://h:8265") == (None, [])
+    problem, _ = compat.check_versions({"deepspeed": "0.17.6"}, "http://h:8265", {"deepspeed": "0.18.9"})
+    assert "DeepSpeed 0.18.x to 0.19.x" in problem and "pip install 'deepspeed>=0.18'" in problem, problem
+
+
 def test_a_missing_torch_or_deepspeed_is_refused_in_one_line_naming_all_it_needs():
     problem, _ = compat.check_versions(
         {"ray": "2.60.0", "python": "3.11.7", "torch": None, "deepspeed": None}, "http://h:8265",
         compat.local_versions())
     assert problem.startswith("the cluster at http://h:8265 has no torch; raytrain's runtime needs torch 2.4.x to 2.15.x")
-    assert "pip install 'torch>=2.4'" in problem and "it also needs DeepSpeed 0.19.x" in problem
+    assert "pip install 'torch>=2.4'" in problem and "it also needs DeepSpeed 0.18.x to 0.19.x" in problem
     assert "\n" not in problem
 
 
@@ -143,4 +151,4 @@ def test_the_dry_run_says_which_versions_the_job_runs_against(raytrain_home):
     assert f"torch       {here['torch']}; raytrain needs 2.4.x to 2.15.x; this machine has {here['torch']}" in text
     remote = CliRunner().invoke(main, ["submit", job, "--dry-run", "--address", "http://127.0.0.1:1"]).output
     assert "ray         the cluster's, checked at submit; raytrain needs 2.58.x to 2.60.x" in remote, remote
-    assert "deepspeed   the cluster's, checked at submit; raytrain needs 0.19.x" in remote, remote
+    assert "deepspeed   the cluster's, checked at submit; raytrain needs 0.18.x to 0.19.x" in remote, remote

@@ -41,8 +41,9 @@ def build_engine(model: Any, *, optimizer: Any, config: dict, lr_scheduler: Any,
         config=config,
         **kwargs,
     )
-    from raytrain.runtime.worker import guard
+    from raytrain.runtime.worker import deepspeed_compat, guard
 
+    deepspeed_compat.fix_engine(engine)  # an older DeepSpeed's known defects (a no-op on 0.19)
     guard.install(engine)  # a non-finite loss or gradient on any rank: the step is skipped on every rank
     return engine
 

@@ -239,7 +239,7 @@ def accelerate_env(*, use_gpu: bool, precision: str, config_path: str | None, hf
 @contextlib.contextmanager
 def deepspeed_hooks(*, injected_config: str | None, log: Any, enabled: bool = True) -> Iterator[None]:
     """If enabled and deepspeed is installed: skip its shared-memory op on CPU workers (minutes of
-    compiling, unused in training), and if the script passes its own ``config=`` to ``deepspeed.initialize``
+    compiling, unused in training), fix an older DeepSpeed's engine (deepspeed_compat), and if the script passes its own ``config=`` to ``deepspeed.initialize``
     while its args carry the config raytrain injected, drop raytrain's (DeepSpeed would refuse two
     configs) and say so."""
     deepspeed = None
@@ -279,9 +279,11 @@ def deepspeed_hooks(*, injected_config: str | None, log: Any, enabled: bool = Tr
                     "config (its --zero/--precision/batch flags) is not applied"
                 )
         result = original(*args, **kwargs)
-        from raytrain.runtime.worker import guard
+        from raytrain.runtime.worker import deepspeed_compat, guard
 
-        guard.install(result[0] if isinstance(result, tuple) and result else result)
+        engine = result[0] if isinstance(result, tuple) and result else result
+        deepspeed_compat.fix_engine(engine)  # an older DeepSpeed's known defects (a no-op on 0.19)
+        guard.install(engine)
         return result
 
     deepspeed.initialize = initialize
