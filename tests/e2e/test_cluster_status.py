@@ -45,7 +45,12 @@ def test_status_lists_a_running_jobs_workers_per_node(cli):
     finally:
         assert f"{job}: stopped" in cli("jobs", "stop", job, check=True).stdout
     # the driver's last word says so, in the job's log and in the run's record (read once the cluster is gone)
-    assert cli.facts(job).stopped == {"event": "stopped", "signal": "SIGTERM"}
+    stopped = cli.facts(job).stopped
+    assert {k: stopped.get(k) for k in ("event", "signal")} == {"event": "stopped", "signal": "SIGTERM"}, stopped
+    # where the workers committed the step in progress before Ray's SIGKILL, the second word names it
+    assert set(stopped) <= {"event", "signal", "checkpoint_step", "message"}, stopped
+    if "checkpoint_step" in stopped:
+        assert f"the checkpoint of step {stopped['checkpoint_step']} is committed" in stopped["message"], stopped
 
     deadline = time.monotonic() + 60
     while workers_of(status := cli.json("cluster", "status"), job) and time.monotonic() < deadline:

@@ -283,15 +283,16 @@ class Suite:
         job_dir.mkdir(exist_ok=True)
         shutil.copy(ROOT / "tests" / "gpu" / "jobs" / "flight_recorder.py", job_dir / "flight_recorder.py")
         flags = ["--workers", "1", "--zero", "0"] + ([] if self.dry else ["--gpus-per-worker", "1"])
-        info = self.submit(job_dir / "flight_recorder.py", flags, [])
-        log = self.cli("jobs", "logs", info["id"], "-v").stdout
-        seen = [json.loads(line.split("@@flight_recorder ", 1)[1]) for line in log.splitlines()
-                if "@@flight_recorder " in line]
+        out = job_dir / "seen"
+        out.mkdir(exist_ok=True)
+        info = self.submit(job_dir / "flight_recorder.py", flags, ["--out", str(out)])
+        seen = [json.loads(f.read_text()) for f in sorted(out.glob("rank-*.json"))]
         rank = seen[0] if seen else {}
         env = rank.get("env") or {}
         if self.dry:
             self.check("flight_recorder", info["state"] == "succeeded" and bool(seen)
-                       and not any(env.values()), env=env, note="dry run: CPU workers get no NCCL recorder")
+                       and not any(env.values()), env=env, state=info["state"], ranks_seen=len(seen),
+                       note="dry run: CPU workers get no NCCL recorder")
             return
         self.check("flight_recorder", info["state"] == "succeeded" and rank.get("backend") == "nccl"
                    and env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") == "2000" and env.get("TORCH_NCCL_DUMP_ON_TIMEOUT") == "1"

@@ -1,6 +1,8 @@
 """The GPU suite's ``flight_recorder`` check: what each worker sees of PyTorch's NCCL flight recorder (the
 variables raytrain sets, the dump folder, and on CUDA the entries the recorder holds after a few all-reduces),
-printed as one ``@@flight_recorder {json}`` line per rank."""
+printed as one ``@@flight_recorder {json}`` line per rank and, with ``--out FOLDER`` (a path the suite reads on
+the same machine), written to ``FOLDER/rank-N.json``: a worker's last lines of a one-second job can reach the
+job's log after the job has ended, on a cluster whose log monitor follows many files."""
 import json
 import os
 import sys
@@ -33,6 +35,10 @@ def train(ctx):
         out["entries"] = recorded_entries()
     prefix = out["env"][VARS[2]]
     out["dump_folder_exists"] = bool(prefix) and os.path.isdir(os.path.dirname(prefix))
+    if "--out" in ctx.args:
+        folder = ctx.args[ctx.args.index("--out") + 1]
+        with open(os.path.join(folder, f"rank-{ctx.rank}.json"), "w") as f:
+            json.dump(out, f)
     sys.stdout.write("@@flight_recorder " + json.dumps(out) + "\n")
     sys.stdout.flush()
     ctx.report({"loss": 0.0, "step": 1})
