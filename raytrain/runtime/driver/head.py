@@ -7,7 +7,8 @@ the head's loss ends the cluster anyway.
 
 Ray puts a Jobs API entrypoint on the head node when the submission asks for no entrypoint resources
 (raytrain asks for none), unless the cluster sets ``RAY_JOB_ALLOW_DRIVER_ON_WORKER_NODES=1``: the driver
-checks where it landed (``driver_node_problem``) and refuses to go on elsewhere, naming both nodes.
+checks where it landed (``driver_node_problem``) and, elsewhere, warns in the job's log naming both nodes
+(the cluster owner's choice: the job goes on).
 
 The actors ask for no CPU, and Ray places an actor that asks for no resources on a *random* node unless
 its strategy is a hard node affinity (a soft one is ignored for it): so the pin is ``soft=False``. If that
@@ -35,7 +36,7 @@ def head_of(nodes: list[NodeSeen]) -> NodeSeen | None:
 
 
 def driver_node_problem(driver_id: str, nodes: list[NodeSeen]) -> str | None:
-    """Why the driver must not run where it does (None: it runs on the head, or the head is not known)."""
+    """What running where it does risks (None: the driver runs on the head, or the head is not known)."""
     head = head_of(nodes)
     if head is None or head.node_id == driver_id:
         return None
