@@ -81,16 +81,29 @@ def emit(kind: str, **data: Any) -> None:
                 pass
 
 
-def parse_line(line: str) -> dict | None:
-    """The event on a log line, or None. Tolerates Ray's ``(RayTrainWorker pid=..)`` prefixes."""
+def parse_events(line: str) -> list[dict]:
+    """Every event on a log line (most hold none or one). Tolerates Ray's ``(RayTrainWorker pid=..)`` prefixes
+    and two events on one line: Ray's driver prints a forwarded worker line and its newline as two writes, and
+    the driver's own event written between them joins the worker's line."""
+    found: list[dict] = []
+    decoder = json.JSONDecoder()
     idx = line.find(MARKER)
-    if idx < 0:
-        return None
-    try:
-        event = json.loads(line[idx + len(MARKER):])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and "event" in event else None
+    while idx >= 0:
+        start = idx + len(MARKER)
+        try:
+            event, end = decoder.raw_decode(line, start)
+        except ValueError:
+            event, end = None, start
+        if isinstance(event, dict) and "event" in event:
+            found.append(event)
+        idx = line.find(MARKER, end)
+    return found
+
+
+def parse_line(line: str) -> dict | None:
+    """The first event on a log line, or None (``parse_events`` gives them all)."""
+    found = parse_events(line)
+    return found[0] if found else None
 
 
 @dataclass
@@ -231,8 +244,7 @@ class JobFacts:
     def from_lines(cls, lines: Iterable[str]) -> "JobFacts":
         facts = cls()
         for line in lines:
-            event = parse_line(line)
-            if event:
+            for event in parse_events(line):
                 facts.add(event)
         return facts
 

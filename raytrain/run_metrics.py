@@ -65,10 +65,7 @@ def from_lines(job_id: str, lines: list[str]) -> RunMetrics:
     run = RunMetrics(job_id)
     by_step: dict[int, dict] = {}
     current: dict[int, float] = {}
-    for line in lines:
-        event = events.parse_line(line)
-        if event is None:
-            continue
+    for event in (e for line in lines for e in events.parse_events(line)):
         before = (len(facts.metrics), len(facts.memory), facts.restarts)
         facts.add(event)
         kind = event.get("event")

@@ -243,14 +243,18 @@ class ProgressPrinter:
             self._live.update(self._status())
 
     def _line(self, line: str) -> None:
-        event = events.parse_line(line)
-        if event is None:
+        found = events.parse_events(line)
+        if not found:
             shown = self.filter(line) if self.show_logs and line.strip() else None
             if shown is not None:
                 self.console.print(Text.from_ansi(shown) if self.filter.color else shown,
                                    markup=False, highlight=False, soft_wrap=True)
                 self.shown.add(shown)
             return
+        for event in found:
+            self._event(event)
+
+    def _event(self, event: dict) -> None:
         self.facts.add(event)
         kind = event.get("event")
         if kind == events.METRICS and self._live is None:

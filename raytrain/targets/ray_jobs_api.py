@@ -86,9 +86,9 @@ class LastWord:
         self.text.append(chunk)
         *lines, self.partial = (self.partial + chunk).split("\n")
         for line in lines:
-            event = events.parse_line(line)
-            if event and event["event"] in self.LAST and not line.startswith("("):  # the driver's, not a worker's
-                self.said = True
+            for event in events.parse_events(line):
+                if event["event"] in self.LAST and not line.startswith("("):  # the driver's, not a worker's
+                    self.said = True
 
     def rest_of(self, full: str) -> str:
         """What of the job's ``full`` log the tail has not delivered yet."""
@@ -452,7 +452,7 @@ class RayJobsApiTarget(Target):
         import shlex
         import time
 
-        from raytrain.events import parse_line
+        from raytrain.events import parse_events
 
         runtime_env: dict = {"env_vars": {"PYTHONUNBUFFERED": "1"}}
         if self.ship_raytrain:
@@ -471,9 +471,9 @@ class RayJobsApiTarget(Target):
             time.sleep(0.5)
             status = self.status(job_id, with_facts=False)
         for line in self.logs(job_id).splitlines():
-            event = parse_line(line)
-            if event and event.get("event") == event_kind:
-                return event
+            for event in parse_events(line):
+                if event.get("event") == event_kind:
+                    return event
         raise ClusterError(f"{module} failed on {self.address}: {status.message}")
 
     def list(self) -> list[JobInfo]:
