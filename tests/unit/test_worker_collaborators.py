@@ -110,3 +110,33 @@ def test_a_fixed_size_run_keeps_the_plan():
     config, accum, parallel = fit_to_world_size(plan, plan.deepspeed, world_size=2, rank=0, saved_world_size=None)
     assert config is plan.deepspeed and accum == 3 and parallel == plan.parallel
 
+
+
+def _complete(run_dir, name, step, world=2):
+    """A checkpoint folder as the ranks leave it: each rank's file, then its marker listing it."""
+    d = run_dir / name
+    d.mkdir(parents=True)
+    for rank in range(world):
+        (d / f"shard{rank}.pt").write_bytes(b"x" * (10 + rank))
+        markers.write(d, Marker(rank=rank, world_size=world, step=step, tag=f"step{step}", time=float(step),
+                                files={f"shard{rank}.pt": 10 + rank}))
+    return d
+
+
+def test_a_restart_continues_from_a_complete_checkpoint_ray_train_never_registered(tmp_path):
+    from types import SimpleNamespace
+
+    from raytrain.runtime.worker.loop import unregistered_newer
+
+    plan = SimpleNamespace(storage=str(tmp_path))
+    run = tmp_path / "raytrain-job-1"
+    assert unregistered_newer(plan, "raytrain-job-1", None) is None  # a first attempt: nothing to continue from
+    older = _complete(run, "checkpoint_a", 4)
+    newest = _complete(run, "checkpoint_b", 8)
+    torn = _complete(run, "checkpoint_c", 12)
+    (torn / "raytrain_rank1.json").unlink()  # rank 1 never finished its save: not a restore point
+    assert unregistered_newer(plan, "raytrain-job-1", None).path == str(newest)  # Ray Train registered none
+    assert unregistered_newer(plan, "raytrain-job-1", str(older)).path == str(newest)  # only an older one
+    assert unregistered_newer(plan, "raytrain-job-1", str(newest)) is None  # Ray Train's is the newest: use it
+    assert unregistered_newer(SimpleNamespace(storage="s3://bucket/runs"), "raytrain-job-1", None) is None
+    assert unregistered_newer(SimpleNamespace(storage=None), "raytrain-job-1", None) is None

@@ -91,9 +91,9 @@ def _train(config: dict[str, Any]) -> None:
                                      plan.scaling.resources_per_worker.get("CPU", 1), plan.scaling.use_gpu)
     timings.emit("imports", rank=rank, **({"cores": cores} if cores else {}))
     if plan.mode == "script":  # an unmodified deepspeed/torchrun script, run as __main__
-        return run_on_worker(plan, restore_point(config) if plan.hf_trainer else None)
+        return run_on_worker(plan, restore_point(config, plan) if plan.hf_trainer else None)
     module = load_job(plan.job_module)
-    ctx = make_context(plan, restore_from=restore_point(config), run_name=config.get("run", ""))
+    ctx = make_context(plan, restore_from=restore_point(config, plan), run_name=config.get("run", ""))
     try:
         module.train(ctx)
     except BaseException:
@@ -103,13 +103,44 @@ def _train(config: dict[str, Any]) -> None:
     ctx.finish()
 
 
-def restore_point(config: dict[str, Any]) -> str | None:
-    """The checkpoint to continue from: Ray Train's latest (after a worker-group restart) or --resume's."""
+def restore_point(config: dict[str, Any], plan: Any = None) -> str | None:
+    """The checkpoint to continue from: Ray Train's latest (after a worker-group restart) or --resume's, or a
+    newer complete one in this run's folder that Ray Train never registered (see ``unregistered_newer``)."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
+    newer = unregistered_newer(plan, config.get("run", ""), checkpoint.path if checkpoint is not None else None)
+    if newer is not None:
+        if ray.train.get_context().get_world_rank() == 0:
+            print(f"raytrain: continuing from {newer.path} (step {newer.step}): complete on storage, newer than "
+                  "the checkpoint Ray Train registered", flush=True)
+        return newer.path
     if checkpoint is None:
         return config.get("resume_from")
     if type(checkpoint.filesystem).__name__ == "LocalFileSystem":
         return checkpoint.path
     return checkpoint.to_directory()  # remote storage (s3://, gs://): download this worker's copy
+
+
+def unregistered_newer(plan: Any, run_name: str, registered: str | None):
+    """The newest complete checkpoint in this run's folder when it is newer than ``registered`` (Ray Train's
+    latest, None: none): a worker's report reaches Ray Train's controller only at the controller's next poll
+    of it, so a group that died in between (a worker killed right after a save) restarts without that
+    checkpoint, though every rank's files and marker are on storage. The run's folder holds only this job's
+    checkpoints (its name is the submission id). None where the storage is not a path (a URI, Ray's default)."""
+    from pathlib import Path
+
+    from raytrain.checkpoints import marker as markers
+    from raytrain.checkpoints import store
+    from raytrain.storage import is_uri
+
+    storage = getattr(plan, "storage", None)
+    if not storage or is_uri(storage) or not run_name:
+        return None
+    latest = store.latest_complete(Path(storage).expanduser() / run_name)
+    if latest is None or latest.step is None:
+        return None
+    saved = markers.read_or_none(registered) if registered else None
+    if saved is not None and saved.step is not None and saved.step >= latest.step:
+        return None
+    return latest
