@@ -256,3 +256,49 @@ def test_a_storage_that_blocks_never_blocks_the_workers_prints(tmp_path):
     assert json.dumps(failed)  # one event, one line: what `jobs status` warns about
     facts = JobFacts.from_lines(out.splitlines())
     assert any("rank 0's log could not be copied" in w for w in facts.warnings()), facts.warnings()
+
+
+def test_a_rank_that_only_lost_a_peer_says_so_in_one_line_and_keeps_its_traceback(tmp_path, monkeypatch, capsys):
+    from raytrain.runtime.worker import errors as worker_errors
+
+    monkeypatch.setattr(rank_log.shutil, "which", lambda name: None)
+    monkeypatch.setattr(rank_log, "_local", None)
+    saved = sys.stdout, sys.stderr
+    try:
+        path = rank_log.start(tmp_path, 0, "10.0.0.1")
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:14743: Connection reset by "
+                               "peer. This is typically caused by a remote worker hanging")
+        except RuntimeError as exc:
+            worker_errors.print_failure(exc, rank=0)
+            lost = exc
+        try:
+            raise ValueError("bad shard")
+        except ValueError as exc:
+            worker_errors.print_failure(exc, rank=0)
+    finally:
+        sys.stdout.copy.close()
+        sys.stdout, sys.stderr = saved
+    printed = capsys.readouterr().err
+    assert printed.count("Traceback (most recent call last)") == 1 and "ValueError: bad shard" in printed  # the cause
+    assert ("raytrain: rank 0 stopped: a peer left the collective it was in (RuntimeError: ... Connection reset by "
+            "peer); its traceback is in its log (`raytrain jobs logs JOB --rank 0`)\n") in printed
+    own = rank_log._local.read_text()
+    assert "RuntimeError: [gloo/transport/tcp/pair.cc:537]" in own and own.count("Traceback") == 2
+    assert "Connection reset by peer" in worker_errors.shipped_traceback(lost)  # the driver still gets it all
+    deadline = time.monotonic() + 20
+    while not (path.exists() and path.read_text().count("Traceback") == 2):  # and the storage's copy
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_rays_paragraph_for_a_dead_process_reads_as_one_line():
+    from raytrain.runtime.driver.entrypoint import _restart_reason
+
+    died = RuntimeError(
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+        "detail: Worker unexpectedly exits with a connection error code 2. End of file. Some common causes "
+        "include: (1) the process was killed by the OOM killer due to high memory usage, (2) ray stop --force")
+    assert _restart_reason(died, 1) == ("rank 1: its worker process died (SYSTEM_ERROR: Worker unexpectedly exits "
+                                        "with a connection error code 2. End of file.)")
+    assert _restart_reason(ValueError("line 1\nbad shard"), 0) == "rank 0: ValueError: bad shard"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -17,6 +18,7 @@ from raytrain import events, redact, settings, timings
 from raytrain.capacity import Node, capacity_problem
 from raytrain.config.plan import Plan
 from raytrain.events import emit
+from raytrain.runtime.worker.errors import PEER_LOST  # what a rank raises when only its peer died
 
 EXIT_TRAINING_FAILED = 1
 EXIT_CANNOT_RUN = 3
@@ -37,11 +39,6 @@ def cluster_nodes() -> list[Node]:
         )
         for n in ray.nodes()
     ]
-
-
-# What a rank raises when another rank died under it (the collective it was in lost its peer): never the cause.
-PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "NCCL communicator was aborted",
-             "remote process exited or there was a network error")
 
 
 def failing_rank(failures: dict) -> int:
@@ -69,9 +66,25 @@ def _root_cause(exc: BaseException) -> tuple[BaseException, int | None]:
     return exc, rank
 
 
+# Ray's paragraph for an actor whose process died: its exit type and detail are what say why
+_PROCESS_DIED = re.compile(r"worker process has died\. Worker exit type: (\S+) Worker exit detail: (.*?)"
+                           r"(?: Some common causes|$)", re.S)
+
+
 def _one_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    text = str(exc).strip()
+    died = _PROCESS_DIED.search(text)
+    if died:
+        return f"its worker process died ({died.group(1)}: {' '.join(died.group(2).split())})"[:500]
+    lines = [line for line in text.splitlines() if line.strip()]
     return (lines[-1] if lines else "")[:500]
+
+
+def _restart_reason(cause: BaseException, rank: int) -> str:
+    said = _one_line(cause)
+    if said.startswith("its worker process died"):
+        return f"rank {rank}: {said}"
+    return f"rank {rank}: {type(cause).__name__}: {said}"
 
 
 def restart_announcer(max_failures: int):
@@ -100,7 +113,7 @@ def restart_announcer(max_failures: int):
                     events.RESTARTING,
                     attempt=self.failures + 1,
                     rank=rank,
-                    reason=f"{type(cause).__name__}: {_one_line(cause)}",
+                    reason=_restart_reason(cause, rank),
                     time=round(time.time(), 3),
                 )
 

@@ -37,15 +37,35 @@ SHIPPED = "raytrain_traceback"  # the attribute that carries the job's traceback
 SHIPPED_CHARS = 8000  # the most of it that travels (its end: the frames nearest the error and the error)
 
 
-def print_failure(exc: BaseException) -> None:
+# What a collective raises on a rank whose peer died or left: that rank's failure is a consequence
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "NCCL communicator was aborted",
+             "remote process exited or there was a network error")
+
+
+def lost_a_peer(exc: BaseException) -> str | None:
+    """The PEER_LOST phrase in ``exc``'s message (None: ``exc`` is not a peer's loss)."""
+    text = str(exc)
+    return next((m for m in PEER_LOST if m in text), None)
+
+
+def print_failure(exc: BaseException, rank: int | None = None) -> None:
     """The job's traceback of ``exc`` on stderr (what the job's log and the rank's own log keep), also
     attached to ``exc``, which Ray Train pickles to the driver: the rank's log reaches the storage through a
-    copier of its own that may be behind when the driver reports the failure (raytrain.runtime.worker.rank_log)."""
+    copier of its own that may be behind when the driver reports the failure (raytrain.runtime.worker.rank_log).
+    A rank that only lost a peer inside a collective (the rank that failed first says why) puts its traceback in
+    its own log alone and one line in the job's."""
     text = job_traceback(exc)
     try:
         setattr(exc, SHIPPED, text[-SHIPPED_CHARS:])
     except (AttributeError, TypeError):  # an exception without a __dict__: its rank's log alone keeps it
         pass
+    phrase = lost_a_peer(exc)
+    if phrase is not None and rank is not None:
+        from raytrain.runtime.worker import rank_log
+
+        if rank_log.write_own(text):
+            text = (f"raytrain: rank {rank} stopped: a peer left the collective it was in ({type(exc).__name__}: "
+                    f"... {phrase}); its traceback is in its log (`raytrain jobs logs JOB --rank {rank}`)\n")
     try:
         sys.stderr.write(text)
         sys.stderr.flush()

@@ -19,10 +19,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     try:
         _train(config)
     except Exception as exc:  # its traceback once, from the job's own frames
-        worker_errors.print_failure(exc)
+        worker_errors.print_failure(exc, rank=_rank())
         raise
     finally:  # returned or raised: the controller's next poll says so (raytrain.ray_tuning.prompt_poll)
         prompt_poll.ask()
+
+
+def _rank() -> int | None:
+    try:
+        import ray.train
+
+        return ray.train.get_context().get_world_rank()
+    except Exception:  # noqa: BLE001 - outside a Ray Train worker
+        return None
 
 
 def plan_of(config: dict[str, Any]) -> Plan:

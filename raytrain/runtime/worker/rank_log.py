@@ -26,6 +26,7 @@ from typing import Any, TextIO
 _captured: dict[int, int] = {}  # fd -> a duplicate of what it was before capture (Ray's log)
 _alive: list[int] = []  # without tee: this process holds the copier's pipe open until it exits
 _copiers: list[subprocess.Popen] = []
+_local: Path | None = None  # this process's rank log on the node's disk, once started
 
 # The copy to the storage: how often, after how long a copy that has not returned is said, and how long the
 # final copy (once the rank's writers are gone) may take before it is given up (the local file is kept).
@@ -101,6 +102,19 @@ def release() -> None:
         del _captured[fd]
 
 
+def write_own(text: str) -> bool:
+    """Append ``text`` to this rank's log alone (not the job's); False where this process keeps none."""
+    if _local is None:
+        return False
+    _flush_python_streams()  # what was printed before comes before it
+    try:
+        with open(_local, "a", errors="replace") as f:  # O_APPEND, as the tee's own writes
+            f.write(text)
+        return True
+    except OSError:
+        return False
+
+
 def local_dir() -> Path:
     """This user's private folder for rank logs on this node's local disk."""
     import tempfile
@@ -136,6 +150,8 @@ def start(record_dir: Path | None, rank: int, ip: str = "") -> Path | None:
             f.write(header(rank, socket.gethostname(), ip))
     except Exception:  # noqa: BLE001 - no rank log never fails the job
         return None
+    global _local
+    _local = local
     alive_read, alive_write = os.pipe()
     _flush_python_streams()
     try:
