@@ -267,6 +267,7 @@ class ProgressPrinter:
                 f"ZeRO-{event.get('zero')}, {event.get('precision')}, global batch {event.get('train_batch')}",
                 markup=False,
                 highlight=False,
+                soft_wrap=True,
             )
             if (event.get("storage_nodes") or 0) > 1:
                 self.console.print(
@@ -279,7 +280,7 @@ class ProgressPrinter:
                                soft_wrap=True)
         elif kind == events.CLEANED and event.get("groups"):
             self.console.print(f"raytrain: removed {len(event['groups'])} placement group(s) that ended jobs "
-                               "leaked", markup=False, highlight=False)
+                               "leaked", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.HANG:
             self.console.print(f"raytrain: hung: no step finished for {event.get('idle_s', 0):.0f} s "
                                f"(hang timeout {event.get('timeout_s', 0):.0f} s); {event.get('action', '')}:",
@@ -287,7 +288,8 @@ class ProgressPrinter:
             for line in event.get("lines") or []:
                 self.console.print(f"raytrain:   {line}", markup=False, highlight=False, soft_wrap=True)
         elif kind == events.RESTARTING:
-            self.console.print(f"raytrain: workers restarting: {event.get('reason', '')}", markup=False)
+            self.console.print(f"raytrain: workers restarting: {event.get('reason', '')}", markup=False, highlight=False,
+                               soft_wrap=True)
         elif kind == events.PREFLIGHT:
             for line in describe_preflight(event):
                 self.console.print(f"raytrain: {line}", markup=False, highlight=False, soft_wrap=True)

@@ -238,6 +238,12 @@ def two_nodes():
         if proc.returncode != 0:
             raise AssertionError(f"node 2 did not join (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         nodes.wait_alive({HEAD_IP, NODE2_IP})
+        # ALIVE comes before the head's scheduler sees the node's free CPU: an elastic job submitted in between
+        # would rightly start on the head alone
+        free = nodes.run_ray("import time\nt = time.monotonic() + 60\n"
+                             "while ray.available_resources().get('node_2', 0) < 1 and time.monotonic() < t:\n"
+                             "    time.sleep(0.2)\nprint(json.dumps(ray.available_resources()))")
+        assert free.get("node_2", 0) >= 1, f"node 2 is ALIVE but its resources are not free after 60 s: {free}"
 
     nodes = TwoNodes(
         cli=head_cli, node2_cli=node2_cli, head_ip=HEAD_IP, node2_ip=NODE2_IP, gcs_address=gcs_address,

@@ -97,3 +97,21 @@ def test_the_estimate_line_says_how_many_parameters_train_when_some_are_frozen()
     assert "1,000 parameters, 40 trainable;" in line
     every = {**frozen, "trainable": 1000}
     assert "trainable" not in memory_summary(JobFacts(memory={0: {"rss_peak": 6e8}}, estimate=every))[1]
+
+
+def test_raytrains_own_lines_are_never_wrapped_in_a_pipe():
+    """A pipe's console is 80 columns wide: raytrain's long lines (a restart's reason, the training line) stay
+    one line each, so a log file greps as the terminal showed it."""
+    from raytrain import events
+
+    buf = io.StringIO()
+    reason = ("rank 1: its worker process died (SYSTEM_ERROR: Worker unexpectedly exits with a connection error "
+              "code 2. End of file.)")
+    with ProgressPrinter(Console(file=buf, force_terminal=False, width=80)) as printer:
+        printer.on_text(events.format_event(events.STARTED, name="a-rather-long-job-name-for-this-test", workers=2,
+                                            zero=3, precision="bf16", train_batch=1024) + "\n"
+                        + events.format_event(events.RESTARTING, attempt=2, rank=1, reason=reason) + "\n")
+    lines = buf.getvalue().splitlines()
+    assert f"raytrain: workers restarting: {reason}" in lines, lines
+    assert ("raytrain: training a-rather-long-job-name-for-this-test on 2 worker(s), ZeRO-3, bf16, global batch "
+            "1024") in lines, lines

@@ -89,8 +89,8 @@ def sigkill_mid_upload(ctx, args, holding):
 
 def train(ctx):
     args = parser().parse_args(ctx.args)
-    holding = install_hooks(ctx, args)
     engine = ctx.deepspeed(model(ctx.args), lr=args.lr)
+    holding = install_hooks(ctx, args)  # after the restore: ctx.resumed_from says whether this is a restart
     for step in range(ctx.start_step, args.steps):
         x, y = batch(step, ctx.dp_rank, ctx.micro_batch, args.dim)
         loss = F.mse_loss(engine(x.to(ctx.device)), y.to(ctx.device))
