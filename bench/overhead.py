@@ -25,8 +25,9 @@ A/B; end-to-end wall time; peak RSS per worker; and the largest loss difference 
 (the two sides do the same arithmetic, so it should be 0 or tiny). Goals (issue 8): steady A/B <= 1.02,
 first step A/B <= 1.5. Writes --out (JSON) and prints a markdown table on stdout.
 
-``--guards-ab``: instead, the cost of raytrain's step guards: the non-finite guard (one all-reduce of a flag
-per step and a finiteness check of each gradient), the heartbeat's phase marks, the straggler watch's compute
+``--guards-ab``: instead, the cost of raytrain's step guards: the non-finite guard (under ZeRO 1-3 a factor on
+each loss; elsewhere one all-reduce of a flag per step, and without ZeRO a finiteness check of each gradient),
+the heartbeat's phase marks, the straggler watch's compute
 timing (every collective's wait timed) and a beat thread running the straggler rule every 2 s in the training
 process (in a raytrain job the board and the watchdog live in other processes): side B twice, guards on vs off
 (``BARE_RUNNER_NO_GUARD=1``, a switch of this benchmark's runner, not of raytrain; in raytrain
@@ -36,7 +37,9 @@ same two processes (bench/guards_inproc.py: an engine with every guard and one w
 ``--inproc-steps``-step rounds, the order alternating, run once with each engine built first), which keeps
 load that drifts between runs out of the ratio: the median of the pairs' ratios with a 95 % confidence
 interval, and the guards' own seconds per step timed inside the guarded steps (over the plain step time: a
-figure that resolves far below the A/B's spread on a loaded machine).
+figure that resolves far below the A/B's spread on a loaded machine). ``--guards-only COMPONENT``: the same
+A/B with one component on (nonfinite, marks, timing, beat; or all, or none: the A/B's null) and no timers
+inside, with the extra CPU seconds per step of both processes (every thread: gloo's, the beat thread).
 
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
