@@ -180,7 +180,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         (beating.set if on and "beat" in on_parts else beating.clear)()
         eng = guarded if on else plain
         dist.barrier()
-        times, cpu0 = [], time.process_time()
+        times, process0 = [], time.process_time()
         for _ in range(steps):
             if on and timed:
                 wall0, cpu0 = clock.parts(clock.s), clock.parts(clock.cpu)
@@ -196,7 +196,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
                 for name, now, before in (("wall", clock.parts(clock.s), wall0), ("cpu", clock.parts(clock.cpu), cpu0)):
                     per_step[name].append({k: now[k] - before[k] for k in now})
         beating.clear()
-        cpu_per_step[on].append((time.process_time() - cpu0) / steps)
+        cpu_per_step[on].append((time.process_time() - process0) / steps)
         return times
 
     steps = a["steps"]
