@@ -244,6 +244,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     wait_overhead_s = max(per_call["timed"] - per_call["torch"], 0.0)
 
     clock.reset()
+    cpu_per_step[True].clear(), cpu_per_step[False].clear()  # the counting round is not a pair's
     beat_cpu[0] = 0.0
     record[0] = True
     on_times: list[list[float]] = []
