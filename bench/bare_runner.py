@@ -106,8 +106,8 @@ def _time_guard() -> list:
 
     total = [0.0, 0, 0.0]  # seconds in all, steps, seconds in the all-reduce (incl. waiting for the other ranks)
 
-    def timed(name: str, counts: bool = False) -> None:
-        inner = getattr(guard.StepGuard, name)
+    def timed(name: str, counts: bool = False, owner: Any = guard.StepGuard) -> None:
+        inner = getattr(owner, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
@@ -119,10 +119,20 @@ def _time_guard() -> list:
                 if name == "agree":
                     total[2] += time.perf_counter() - t
 
-        setattr(guard.StepGuard, name, wrapper)
+        setattr(owner, name, wrapper)
 
     timed("agree", counts=True)
     timed("note_loss")
+    timed("launch_early")
+    timed("poisoned", owner=guard)  # under ZeRO 1-3 (guard.zero_skips_non_finite): the per-micro-batch factor
+    by_overflow = guard.StepGuard._step_by_overflow
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:  # the step itself is not the guard's time
+        result = by_overflow(self, *args, **kwargs)
+        total[1] += not getattr(self.engine.optimizer, "overflow", False)  # a skipped one: agree counted it
+        return result
+
+    guard.StepGuard._step_by_overflow = counted
     return total
 
 

@@ -21,6 +21,11 @@ Two figures:
   many per step x the wrapper's own cost per call, measured here on a finished Work) and the beat thread's CPU
   time. Their sum over the off side's step time resolves far below what the A/B can on a loaded machine.
 
+``only`` (``--guards-only``): the "on" engine and rounds get one component (``nonfinite``: the guard;
+``marks``: the phase marks; ``timing``: the timed waits and ``step_finished``; ``beat``: the beat thread), all
+of them (``all``) or none (``none``: two plain engines, the A/B's null), and nothing times the guards from
+inside (the timers' own cost stays out of the A/B); no own-time figures then.
+
 Prints nothing; ``measure`` returns the figures.
 """
 from __future__ import annotations
@@ -39,6 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 WARMUP_PAIRS = 3
+COMPONENTS = ("nonfinite", "marks", "timing", "beat")
 
 
 class Clock:
@@ -100,6 +106,9 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
               "zero_optimization": {"stage": a["zero"]}, "zero_allow_untested_optimizer": True,
               "steps_per_print": 10 ** 9}
     clock = Clock()
+    only = a.get("only")
+    timed = only is None  # the guards' own time, timed from inside: only with every component on
+    on_parts = set(COMPONENTS) if only in (None, "all") else ({only} if only in COMPONENTS else set())
 
     def engine(guarded: bool):
         install = guard.install
@@ -110,6 +119,12 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         finally:
             guard.install = install
         if not guarded:
+            return built
+        if not timed:
+            if "nonfinite" in on_parts:
+                guard.install(built)
+            if "marks" in on_parts:
+                heartbeat.instrument(built)
             return built
         # The guard as build_engine installs it, between two timers: outer - inner = the guard's own seconds.
         built.backward = clock.wrap("backward", built.backward)
@@ -130,8 +145,11 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     else:
         guarded = engine(True)
         plain = engine(False)
-    heartbeat.State.enter = clock.wrap("enter", heartbeat.State.enter)  # the forward hook's phase mark
-    step_finished = clock.wrap("step_finished", heartbeat.State.step_finished)
+    if timed:
+        heartbeat.State.enter = clock.wrap("enter", heartbeat.State.enter)  # the forward hook's phase mark
+        step_finished = clock.wrap("step_finished", heartbeat.State.step_finished)
+    else:
+        step_finished = heartbeat.State.step_finished
 
     torch_wait = Work.wait
     collective_time.install()
@@ -139,6 +157,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(batch, dim, generator=g), torch.randn(batch, 1, generator=g)
     step_no = [0]
+    cpu_per_step: dict[bool, list[float]] = {True: [], False: []}  # this process's CPU (all threads), by round
     record, per_step = [False], {"wall": [], "cpu": []}  # the guards' own seconds of each measured on-step
 
     beating, stop, beat_cpu = threading.Event(), threading.Event(), [0.0]
@@ -155,32 +174,46 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     threading.Thread(target=beat, daemon=True).start()
 
     def run(on: bool, steps: int) -> list[float]:
-        Work.wait = timed_wait if on else torch_wait
-        heartbeat.STATE.timing = on
-        (beating.set if on else beating.clear)()
+        timing_on = on and "timing" in on_parts
+        Work.wait = timed_wait if timing_on else torch_wait
+        heartbeat.STATE.timing = timing_on
+        (beating.set if on and "beat" in on_parts else beating.clear)()
         eng = guarded if on else plain
         dist.barrier()
-        times = []
+        times, process0 = [], time.process_time()
         for _ in range(steps):
-            if on:
+            if on and timed:
                 wall0, cpu0 = clock.parts(clock.s), clock.parts(clock.cpu)
             t = time.perf_counter()
             loss = ((eng(x) - y) ** 2).mean()
             eng.backward(loss)
             eng.step()
             step_no[0] += 1
-            if on:
+            if timing_on:
                 step_finished(heartbeat.STATE, step_no[0])
             times.append(time.perf_counter() - t)
-            if on and record[0]:
+            if on and timed and record[0]:
                 for name, now, before in (("wall", clock.parts(clock.s), wall0), ("cpu", clock.parts(clock.cpu), cpu0)):
                     per_step[name].append({k: now[k] - before[k] for k in now})
         beating.clear()
+        cpu_per_step[on].append((time.process_time() - process0) / steps)
         return times
 
     steps = a["steps"]
     for _ in range(WARMUP_PAIRS):  # not counted
         run(True, steps), run(False, steps)
+    cpu_per_step[True].clear(), cpu_per_step[False].clear()
+    if not timed:
+        on_times, off_times = [], []
+        for r in range(a["rounds"]):
+            for side in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                (on_times if side == "on" else off_times).append(run(side == "on", steps))
+        stop.set()
+        Work.wait = torch_wait
+        Path(f"{out}.{rank}").write_text(json.dumps({"on": on_times, "off": off_times, "timing": None,
+                                                     "cpu_on": cpu_per_step[True], "cpu_off": cpu_per_step[False]}))
+        dist.destroy_process_group()
+        return
 
     # Timed waits per step: counted in a round of their own (the count is not timed).
     counted = [0]
@@ -211,6 +244,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     wait_overhead_s = max(per_call["timed"] - per_call["torch"], 0.0)
 
     clock.reset()
+    cpu_per_step[True].clear(), cpu_per_step[False].clear()  # the counting round is not a pair's
     beat_cpu[0] = 0.0
     record[0] = True
     on_times: list[list[float]] = []
@@ -235,7 +269,8 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         "beat_cpu_s": beat_cpu[0] / on_steps,
         "enter_calls": clock.n["enter"],
     }
-    Path(f"{out}.{rank}").write_text(json.dumps({"on": on_times, "off": off_times, "timing": timing}))
+    Path(f"{out}.{rank}").write_text(json.dumps({"on": on_times, "off": off_times, "timing": timing,
+                                                 "cpu_on": cpu_per_step[True], "cpu_off": cpu_per_step[False]}))
     dist.destroy_process_group()
 
 
@@ -256,19 +291,19 @@ def median_ci(values: list[float], level: float = 0.95) -> tuple[float | None, f
 
 
 def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch: int,
-            orders: tuple[str, ...] = ("plain-first", "guarded-first")) -> dict:
+            orders: tuple[str, ...] = ("plain-first", "guarded-first"), only: str | None = None) -> dict:
     import socket
     import tempfile
 
     import torch.multiprocessing as mp
 
-    pairs, on_all, off_all, timings, by_order = [], [], [], [], {}
+    pairs, on_all, off_all, timings, by_order, cpu_pairs, cpu_off = [], [], [], [], {}, [], []
     for order in orders:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         a = {"zero": zero, "steps": steps, "rounds": rounds, "dim": dim, "layers": layers, "batch": batch,
-             "order": order}
+             "order": order, "only": only}
         with tempfile.TemporaryDirectory() as folder:
             out = str(Path(folder) / "result.json")
             mp.spawn(worker, args=(a, port, out), nprocs=2, join=True)
@@ -278,11 +313,26 @@ def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch:
         by_order[order] = {"paired_ratio": statistics.median(mine), "pairs": len(mine),
                            "on_s": r0["on"], "off_s": r0["off"]}  # rank 0's step times, per round
         pairs += mine
+        # each rank's process CPU per step (every thread), on less off, paired by round; the two ranks summed
+        cpu_pairs += [sum(r["cpu_on"][i] - r["cpu_off"][i] for r in ranks) for i in range(len(r0["cpu_on"]))]
+        cpu_off += [sum(r["cpu_off"][i] for r in ranks) for i in range(len(r0["cpu_off"]))]
         on_all += [t for rnd in r0["on"] for t in rnd]
         off_all += [t for rnd in r0["off"] for t in rnd]
         timings += [r["timing"] for r in ranks]
     off_step = statistics.median(off_all)
     low, high = median_ci(pairs)
+    common = {"zero": zero, "steps_per_round": steps, "pairs_per_order": rounds, "dim": dim, "layers": layers,
+              "batch": batch, "only": only, "orders": by_order,
+              "steady_on_s": statistics.median(on_all), "steady_off_s": off_step,
+              "ratio": statistics.median(on_all) / off_step,
+              "paired_ratio": statistics.median(pairs), "paired_ratio_ci95": [low, high],
+              "paired_ratio_quartiles": statistics.quantiles(pairs, n=4) if len(pairs) > 1 else None,
+              "round_ratios": pairs,
+              # CPU seconds per step of both processes (all threads): the extra of "on", paired by round
+              "cpu_extra_s": statistics.median(cpu_pairs), "cpu_extra_ci95": list(median_ci(cpu_pairs)),
+              "cpu_off_s": statistics.median(cpu_off)}
+    if only is not None:
+        return common
 
     for i, t in enumerate(timings):
         t["rank"] = i % 2
@@ -305,11 +355,4 @@ def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch:
     guard["total_cpu_ms"] = per_step("total_cpu_s") + extra
     guard["fraction_of_step"] = guard["total_ms"] / 1000 / off_step
     guard["cpu_fraction_of_step"] = guard["total_cpu_ms"] / 1000 / off_step
-    return {"zero": zero, "steps_per_round": steps, "pairs_per_order": rounds, "dim": dim, "layers": layers,
-            "batch": batch, "orders": by_order,
-            "steady_on_s": statistics.median(on_all), "steady_off_s": off_step,
-            "ratio": statistics.median(on_all) / off_step,
-            "paired_ratio": statistics.median(pairs), "paired_ratio_ci95": [low, high],
-            "paired_ratio_quartiles": statistics.quantiles(pairs, n=4) if len(pairs) > 1 else None,
-            "guard_time": guard, "guard_ratio": 1 + guard["fraction_of_step"],
-            "round_ratios": pairs, "timings": timings}
+    return {**common, "guard_time": guard, "guard_ratio": 1 + guard["fraction_of_step"], "timings": timings}

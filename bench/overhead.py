@@ -25,8 +25,9 @@ A/B; end-to-end wall time; peak RSS per worker; and the largest loss difference 
 (the two sides do the same arithmetic, so it should be 0 or tiny). Goals (issue 8): steady A/B <= 1.02,
 first step A/B <= 1.5. Writes --out (JSON) and prints a markdown table on stdout.
 
-``--guards-ab``: instead, the cost of raytrain's step guards: the non-finite guard (one all-reduce of a flag
-per step and a finiteness check of each gradient), the heartbeat's phase marks, the straggler watch's compute
+``--guards-ab``: instead, the cost of raytrain's step guards: the non-finite guard (under ZeRO 1-3 a factor on
+each loss; elsewhere one all-reduce of a flag per step, and without ZeRO a finiteness check of each gradient),
+the heartbeat's phase marks, the straggler watch's compute
 timing (every collective's wait timed) and a beat thread running the straggler rule every 2 s in the training
 process (in a raytrain job the board and the watchdog live in other processes): side B twice, guards on vs off
 (``BARE_RUNNER_NO_GUARD=1``, a switch of this benchmark's runner, not of raytrain; in raytrain
@@ -36,7 +37,9 @@ same two processes (bench/guards_inproc.py: an engine with every guard and one w
 ``--inproc-steps``-step rounds, the order alternating, run once with each engine built first), which keeps
 load that drifts between runs out of the ratio: the median of the pairs' ratios with a 95 % confidence
 interval, and the guards' own seconds per step timed inside the guarded steps (over the plain step time: a
-figure that resolves far below the A/B's spread on a loaded machine).
+figure that resolves far below the A/B's spread on a loaded machine). ``--guards-only COMPONENT``: the same
+A/B with one component on (nonfinite, marks, timing, beat; or all, or none: the A/B's null) and no timers
+inside, with the extra CPU seconds per step of both processes (every thread: gloo's, the beat thread).
 
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
@@ -95,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "guard and one without (bench/guards_inproc.py): load that drifts stays out of the ratio")
     p.add_argument("--inproc-model", default="512,4,32", metavar="DIM,LAYERS,BATCH",
                    help="--same-processes: the MLP (default %(default)s)")
+    p.add_argument("--guards-only", default=None, choices=["all", "none", "nonfinite", "marks", "timing", "beat"],
+                   help="--same-processes: the guarded side gets only this component (all: every one; none: the "
+                        "A/B's null), with no timers inside; its paired ratio and the extra CPU of both processes")
     p.add_argument("--inproc-steps", type=int, default=5,
                    help="--same-processes: steps per round (--rounds: pairs of rounds per build order, default 40)")
     args = p.parse_args(argv)
@@ -333,8 +339,19 @@ def guards_same_processes(args: argparse.Namespace) -> int:
     rows, parts, results = [], [], {"benchmark": "guards-same-processes", "machine": bl.machine(), "configs": {}}
     for zero in args.zero:
         r = guards_inproc.measure(zero=zero, steps=args.inproc_steps, rounds=args.rounds, dim=dim, layers=layers,
-                                  batch=batch)
+                                  batch=batch, only=args.guards_only)
         results["configs"][f"zero{zero}"] = r
+        if args.guards_only is not None:
+            low, high = r["paired_ratio_ci95"]
+            clow, chigh = r["cpu_extra_ci95"]
+            bl.log(f"guards (same processes, only {args.guards_only}): zero{zero} paired on/off "
+                   f"{r['paired_ratio']:.4f} [{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}]")
+            rows.append([f"zero{zero}", args.guards_only, bl.fmt(r["steady_off_s"], " ms", 2, 1000),
+                         f"{r['paired_ratio']:.4f} [{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}]",
+                         ", ".join(f"{o[:1]}: {v['paired_ratio']:.4f}" for o, v in r["orders"].items()),
+                         f"{r['cpu_extra_s'] * 1000:.3f} [{bl.fmt(clow, '', 3, 1000)}, {bl.fmt(chigh, '', 3, 1000)}] ms"
+                         f" of {r['cpu_off_s'] * 1000:.1f} ms"])
+            continue
         g, (low, high) = r["guard_time"], r["paired_ratio_ci95"]
         bl.log(f"guards (same processes): zero{zero} paired on/off {r['paired_ratio']:.4f} "
                f"[{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}], guards' own time {g['total_ms']:.3f} ms/step "
@@ -352,6 +369,14 @@ def guards_same_processes(args: argparse.Namespace) -> int:
                       f"{g['beat_thread_ms'] * 1000:.1f} us"])
     results["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     path = bl.write_json(args.out, results)
+    if args.guards_only is not None:
+        print(f"## guards on ({args.guards_only}) vs off, same 2 CPU processes, MLP {dim} x {layers}, batch {batch}; "
+              f"{args.rounds} pairs of {args.inproc_steps}-step rounds per build order; load average "
+              f"{results['machine']['load_avg'][0]} -> {results['machine']['load_avg_end'][0]}\n")
+        print(bl.markdown_table(["config", "on", "plain step", "paired on/off [95 % CI]", "by build order",
+                                 "extra CPU per step, both processes [95 % CI]"], rows))
+        print(f"JSON: {path}")
+        return 0
     print(f"## every guard on vs off, same 2 CPU processes (gloo, fp32), MLP {dim} x {layers} layers, batch {batch}; "
           f"{args.rounds} pairs of {args.inproc_steps}-step rounds per build order, both orders; load average "
           f"{results['machine']['load_avg'][0]} -> {results['machine']['load_avg_end'][0]}\n")

@@ -1,7 +1,8 @@
 """The non-finite guard (raytrain.runtime.worker.guard): the verdict's wording, the no-update block, and two real
 gloo processes with real DeepSpeed engines where only rank 1's loss is non-finite: both ranks skip the step,
-at ZeRO-0 (whose client optimizer would otherwise apply it) and ZeRO-1, leaving weights, optimizer state and
-LR schedule as they were and counting the step; honest endings and the skip event's reading."""
+at ZeRO-0 (whose client optimizer would otherwise apply it), ZeRO-1 and ZeRO-3 (no per-step all-reduce there),
+leaving weights, optimizer state and LR schedule as they were and counting the step; honest endings and the
+skip event's reading."""
 import json
 import os
 import socket
@@ -74,9 +75,10 @@ RANKS = textwrap.dedent("""
     import torch, torch.distributed as dist
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method="tcp://127.0.0.1:" + sys.argv[2])
+    from raytrain.runtime.worker import guard
     from raytrain.runtime.worker.engine import build_engine
     out = {}
-    for zero in (0, 1):
+    for zero in (0, 1, 3):
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -92,16 +94,19 @@ RANKS = textwrap.dedent("""
                 x = torch.ones(1, 4)
                 if bad is True and rank == 1 and micro == 1:
                     x[0, 0] = float("inf")
-                loss = engine(x).pow(2).mean()
-                if bad == "grad" and rank == 1 and micro == 1:  # a finite loss (0 added) with a NaN gradient
-                    loss = loss + torch.sqrt((next(engine.module.parameters()) * 0).sum())
+                y = engine(x)
+                loss = y.pow(2).mean()
+                if bad == "grad" and rank == 1 and micro == 1:  # a finite loss (0 added) with NaN gradients
+                    loss = loss + torch.sqrt((y * 0).sum())
+                if bad == "loss" and rank == 1 and micro == 1:  # a non-finite loss with finite gradients
+                    loss = loss + torch.tensor(float("inf"))
                 engine.backward(loss)
                 if micro == 1:  # the step's all-reduce already started (launch_early) or not
                     early.append(engine._raytrain_guard._pending is not None)
                 engine.step()
         early = []
-        def weights():
-            return [p.detach().clone() for p in engine.module.parameters()]
+        def weights():  # this rank's share under ZeRO-3
+            return [t.detach().clone() for t in guard._local_tensors(engine)]
         step(False)
         before, lr_before = weights(), engine.get_lr()[0]
         step(True)
@@ -117,8 +122,16 @@ RANKS = textwrap.dedent("""
         before = weights()
         step("grad")
         res["grad_only_same"] = all(torch.equal(a, b) for a, b in zip(before, weights()))
-        res["grad_only_emitted"] = emitted
+        res["grad_only_emitted"] = list(emitted)
+        emitted.clear()
+        before, lr_before = weights(), engine.get_lr()[0]
+        step("loss")
+        res["loss_only_same"] = all(torch.equal(a, b) for a, b in zip(before, weights()))
+        res["loss_only_lr_kept"] = engine.get_lr()[0] == lr_before
+        res["loss_only_emitted"] = emitted
+        res["end_steps"] = [engine.global_steps, engine.skipped_steps]
         res["early"] = sorted(set(early))
+        res["by_overflow"] = engine._raytrain_guard._by_overflow
         out[zero] = res
     print("@@result " + json.dumps(out), flush=True)
     dist.destroy_process_group()  # gloo's threads left running at exit can abort the process
@@ -143,12 +156,12 @@ def test_two_ranks_agree_and_skip_a_step_only_rank_1_saw_as_non_finite(tmp_path)
         assert p.returncode == 0, out
         results.append(json.loads(next(l for l in out.splitlines() if l.startswith("@@result "))[9:]))
     for rank, res in enumerate(results):
-        for zero in ("0", "1"):
+        for zero in ("0", "1", "3"):
             r = res[zero]
             assert r["same"] and r["finite"], (rank, zero, r)
             assert r["global_steps"] == 2 and r["skipped_steps"] == 1 and r["lr_kept"], (rank, zero, r)
-            # under ZeRO the verdict's all-reduce runs behind the boundary's backward; without, it needs the grads
-            assert r["early"] == ([True] if zero == "1" else [False]), (rank, zero, r)
+            # under ZeRO DeepSpeed's agreed skip decides, no all-reduce per step; without, the verdict needs one
+            assert r["early"] == [False] and r["by_overflow"] == (zero != "0"), (rank, zero, r)
             assert r["moves_after"] and r["finite_after"], (rank, zero, r)
             if rank == 0:
                 (event,) = r["emitted"]
@@ -162,7 +175,13 @@ def test_two_ranks_agree_and_skip_a_step_only_rank_1_saw_as_non_finite(tmp_path)
             assert r["grad_only_same"], (rank, zero, r)
             said = {"0": "step 4 skipped: non-finite gradients on ranks 0, 1",
                     "1": "step 4 skipped: non-finite gradients (DeepSpeed's optimizer found a non-finite gradient norm)"}
+            said["3"] = said["1"]
             assert [e["message"] for e in r["grad_only_emitted"]] == ([said[zero]] if rank == 0 else []), (rank, r)
+            # a non-finite loss whose gradients are finite is skipped all the same, and named
+            assert r["loss_only_same"] and r["loss_only_lr_kept"], (rank, zero, r)
+            assert [e["message"] for e in r["loss_only_emitted"]] == (
+                ["step 5 skipped: non-finite loss on rank 1"] if rank == 0 else []), (rank, zero, r)
+            assert r["end_steps"] == [5, 3], (rank, zero, r)
 
 
 def test_weights_check_reads_zero3_partitions():
@@ -225,3 +244,54 @@ def test_the_local_code_checks_every_micro_batch_loss_once_at_the_step_and_clear
     g.note_loss(torch.tensor(1.0))
     assert g.agree() == [guard.LOSS]
     assert g.agree() == [0]
+
+
+def test_the_poisoned_loss_keeps_a_finite_loss_and_its_gradients_and_makes_a_bad_ones_nan():
+    w = torch.nn.Parameter(torch.tensor([0.3, -1.7, 2.5]))
+    (w * w).sum().backward()
+    plain = w.grad.clone()
+    w.grad = None
+    loss = (w * w).sum()
+    assert torch.equal(guard.poisoned(loss), loss)
+    guard.poisoned(loss).backward()
+    assert torch.equal(w.grad, plain)  # bit for bit
+    for bad in (float("inf"), float("nan")):
+        w.grad = None
+        guard.poisoned((w * w).sum() + bad).backward()  # the loss's own gradients are finite
+        assert torch.isnan(w.grad).all(), bad
+    assert guard.poisoned(1.5) == 1.5
+
+
+def test_only_a_zero_optimizer_known_to_skip_non_finite_gradients_is_left_to_decide():
+    import types
+
+    class Zero12:  # DeepSpeedZeroOptimizer's attributes the check reads
+        def __init__(self, dtype, check=False, norm=True):
+            self.overflow, self.dtype, self.check_grad_overflow, self.compute_grad_norm = False, dtype, check, norm
+
+    class Zero3:
+        def __init__(self, dtype):
+            self.overflow, self.dtype = False, dtype
+
+    def where(cls, checks_norm):  # the optimizer's module: releases that check the norm import the test
+        module = types.ModuleType(f"fake_zero_{cls.__name__}_{checks_norm}")
+        if checks_norm:
+            module.is_invalid_grad_norm = lambda norm: False
+        sys.modules[module.__name__] = module
+        return type(cls.__name__, (cls,), {"__module__": module.__name__})
+
+    skips = guard.zero_skips_non_finite
+    for checks_norm in (True, False):
+        assert skips(where(Zero12, checks_norm)(torch.bfloat16, check=True))  # bf16's check_grad_overflow
+        assert skips(where(Zero12, checks_norm)(torch.float16, check=True))
+        assert not skips(where(Zero12, checks_norm)(torch.bfloat16, check=False))  # the user turned it off
+        assert skips(where(Zero3, checks_norm)(torch.float16))
+    assert skips(where(Zero12, True)(torch.float32))
+    assert not skips(where(Zero12, True)(torch.float32, norm=False))  # compute_grad_norm=false: nothing checks
+    assert not skips(where(Zero12, False)(torch.float32))  # 0.19.0-0.19.5: the norm is not checked
+    assert skips(where(Zero3, True)(torch.float32)) and skips(where(Zero3, True)(torch.bfloat16))
+    assert not skips(where(Zero3, False)(torch.bfloat16))
+    patched = where(Zero3, False)(torch.bfloat16)
+    patched._raytrain_checks_overflow = True  # deepspeed_compat's check on 0.18
+    assert skips(patched)
+    assert not skips(None) and not skips(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))

@@ -89,4 +89,5 @@ def _check_non_finite_gradients(optimizer: Any) -> bool:
         return update(*args, **kwargs)
 
     optimizer._overflow_check_and_loss_scale_update = check_then_update
+    optimizer._raytrain_checks_overflow = True  # guard.zero_skips_non_finite reads it
     return True

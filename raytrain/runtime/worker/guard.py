@@ -10,9 +10,15 @@ before DeepSpeed's optimizer step, and makes the skip the same everywhere:
   in its slot) on the job's process group: all ranks see the same verdict, and who saw what. Without ZeRO
   the code also says whether the (reduced) gradients are non-finite: nothing else checks them there. Under
   ZeRO 1-3 DeepSpeed's optimizer computes the global gradient norm and skips a step whose norm is non-finite,
-  agreed over every rank; the guard reports that skip (``non-finite gradients``). There the vector needs only
-  the losses, so (without a spike rule, not in a pipeline) the all-reduce starts asynchronously at the
-  boundary's ``backward`` and is over by the step: no round trip between the backward and the step;
+  agreed over every rank; the guard reports that skip (``non-finite gradients``);
+- under ZeRO 1-3 where that skip is known to happen (``zero_skips_non_finite``), without a spike rule and not
+  in a pipeline, there is no per-step all-reduce at all: ``backward`` is given ``loss x (0 x loss + 1)``, the
+  same loss and the same gradients when the loss is finite, NaN gradients on this rank when it is not (even
+  where the loss's gradients would be finite), which the gradients' reduction carries to every rank, so
+  DeepSpeed's optimizer skips the step everywhere. Only on a step it skipped does every rank join one
+  all-reduce of its loss code, which names the rank. Elsewhere under ZeRO (an older DeepSpeed that does not
+  check, a spike rule) the all-reduce starts asynchronously at the boundary's ``backward`` and is over by
+  the step;
 - a bad step runs DeepSpeed's own ``_take_model_step`` with the innermost torch optimizer's ``step`` made a
   no-op and no LR scheduler step: the gradients are cleared the way each layout clears them, the weights and
   the optimizer state stay as they were, ``global_steps`` counts the step and ``skipped_steps`` counts the skip
@@ -172,13 +178,18 @@ class StepGuard:
         zero = getattr(engine, "zero_optimization_stage", None)
         self.zero_stage = int(zero()) if callable(zero) else 0
         self._pending: Any = None  # (codes, work): the step's all-reduce launch_early started
-        self._early = self.zero_stage >= 1 and not hasattr(engine, "train_batch")  # configure: not with a spike rule
+        pipeline = hasattr(engine, "train_batch")
+        # no per-step collective: ZeRO's own agreed skip decides, a bad loss poisons the gradients (module doc)
+        self._by_overflow = (self.zero_stage >= 1 and not pipeline
+                             and zero_skips_non_finite(getattr(engine, "optimizer", None)))
+        self._early = self.zero_stage >= 1 and not pipeline and not self._by_overflow  # configure: spike rule
 
     def configure(self, *, spike: SpikeRule | None = None, rows: Callable[[], list] | None = None,
                   rollback_after: int = 0, on_rollback: Callable[[list[dict]], None] | None = None) -> "StepGuard":
         """A ``train(ctx)`` job's additions (see the module doc)."""
         self.spike, self.rows, self.rollback_after, self.on_rollback = spike, rows, int(rollback_after), on_rollback
-        self._early = self._early and spike is None  # the spike rule's slots are means: not merged with late ones
+        if spike is not None:  # the rule needs every step's losses, all-reduced; as means, not merged with late ones
+            self._by_overflow = self._early = False
         return self
 
     # -- noting (no host sync) ---------------------------------------------------------------------------
@@ -319,10 +330,14 @@ class StepGuard:
 
         def guarded_backward(loss: Any, *args: Any, **kwargs: Any) -> Any:
             self.note_loss(loss)
+            if self._by_overflow:
+                return backward(poisoned(loss), *args, **kwargs)
             self.launch_early()
             return backward(loss, *args, **kwargs)
 
         def guarded_step(*args: Any, **kwargs: Any) -> Any:
+            if self._by_overflow:
+                return self._step_by_overflow(take_step, *args, **kwargs)
             codes = self.agree()
             rows = self.step_rows()
             spike = None
@@ -344,6 +359,20 @@ class StepGuard:
         engine._take_model_step = guarded_step
         engine._raytrain_guard = self
         return self
+
+    def _step_by_overflow(self, take_step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """DeepSpeed's ZeRO optimizer decides (agreed on every rank); on a step it skipped, one all-reduce of the
+        loss codes says whose loss it was (every rank skipped it, so every rank joins)."""
+        engine = self.engine
+        rows = self.step_rows()
+        step = int(getattr(engine, "global_steps", 0)) + 1
+        result = take_step(*args, **kwargs)
+        if getattr(engine.optimizer, "overflow", False):
+            self._record(step, self.agree(), rows)
+        else:
+            self._losses, self._loss_bad = [], False  # checked only on a skipped step
+            self.bad_run = []
+        return result
 
     def _skip(self, take_step: Callable[..., Any], codes: list[int], rows: list, spike: str | None,
               *args: Any, **kwargs: Any) -> Any:
@@ -386,6 +415,42 @@ class StepGuard:
         if self.rollback_after and len(self.bad_run) >= self.rollback_after and self.on_rollback is not None:
             run, self.bad_run = self.bad_run, []
             self.on_rollback(run)
+
+
+def poisoned(loss: Any) -> Any:
+    """``loss x (0 x loss + 1)``: for a finite loss the same value and, bit for bit, the same gradients (x 1);
+    for a non-finite one NaN, and NaN gradients however the loss became non-finite. Two tensor ops and one
+    more in the backward, no host sync."""
+    import torch
+
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        return loss
+    return loss * loss.detach().mul(0).add_(1)
+
+
+def zero_skips_non_finite(optimizer: Any) -> bool:
+    """Whether this ZeRO optimizer's step skips a step with non-finite gradients on every rank alike (sets
+    ``overflow``). DeepSpeed 0.19.8 checks the global norm (ZeRO-1/2 outside bf16 where it computes it, ZeRO-3,
+    the bf16 optimizer); fp16 and ZeRO-1/2's ``check_grad_overflow`` (bf16's default; deepspeed_compat turns
+    it on under 0.18) test the gradients; deepspeed_compat adds that test to 0.18's ZeRO-3. Releases between
+    check nothing outside fp16 and bf16: False there, and the guard keeps its per-step all-reduce."""
+    import sys
+
+    import torch
+
+    if optimizer is None or not hasattr(optimizer, "overflow"):
+        return False
+    if getattr(optimizer, "check_grad_overflow", False) or getattr(optimizer, "_raytrain_checks_overflow", False):
+        return True
+    dtype = getattr(optimizer, "dtype", None)
+    if dtype == torch.float16:  # the loss scaler's overflow test
+        return True
+    module = sys.modules.get(type(optimizer).__module__)
+    if module is None or not hasattr(module, "is_invalid_grad_norm"):
+        return False
+    if hasattr(optimizer, "check_grad_overflow"):  # ZeRO-1/2: the norm is checked where computed, not in bf16
+        return bool(getattr(optimizer, "compute_grad_norm", True)) and dtype not in (None, torch.bfloat16)
+    return True
 
 
 def _fp16(engine: Any) -> bool:
