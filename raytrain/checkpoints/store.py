@@ -61,9 +61,25 @@ def list_checkpoints(run_dir: str | Path) -> list[CheckpointInfo]:
     return sorted(found, key=lambda c: (c.step if c.step is not None else -1, c.path))
 
 
-def latest_complete(run_dir: str | Path) -> CheckpointInfo | None:
-    complete = [c for c in list_checkpoints(run_dir) if c.complete]
-    return complete[-1] if complete else None
+def latest_complete(run_dir: str | Path, above_step: int | None = None) -> CheckpointInfo | None:
+    """A run's complete checkpoint with the highest step (above ``above_step`` if given), or None. Newest first
+    by rank 0's marker alone, the full check (every rank's marker and files) only until one is complete: a long
+    run's folder on a network file system is not stat'ed file by file."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        return None
+    floor = -1 if above_step is None else above_step
+    candidates = []
+    for p in d.iterdir():
+        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX):
+            first = markers.read_or_none(p, 0)
+            if first is not None and first.step is not None and first.step > floor:
+                candidates.append((first.step, str(p)))
+    for _, path in sorted(candidates, reverse=True):
+        info = inspect(path)
+        if info.complete:
+            return info
+    return None
 
 
 def resolve_resume(spec: str, storage: str | None, flag: str = "--resume") -> CheckpointInfo:

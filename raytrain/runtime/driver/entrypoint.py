@@ -18,7 +18,7 @@ from raytrain import events, redact, settings, timings
 from raytrain.capacity import Node, capacity_problem
 from raytrain.config.plan import Plan
 from raytrain.events import emit
-from raytrain.runtime.worker.errors import PEER_LOST  # what a rank raises when only its peer died
+from raytrain.runtime.worker.errors import lost_a_peer
 
 EXIT_TRAINING_FAILED = 1
 EXIT_CANNOT_RUN = 3
@@ -43,7 +43,7 @@ def cluster_nodes() -> list[Node]:
 
 def failing_rank(failures: dict) -> int:
     """The rank whose failure caused the others: the lowest rank that did not merely lose a peer."""
-    own = [rank for rank in sorted(failures) if not any(m in str(failures[rank]) for m in PEER_LOST)]
+    own = [rank for rank in sorted(failures) if lost_a_peer(failures[rank]) is None]
     return own[0] if own else min(failures)
 
 
@@ -71,20 +71,23 @@ _PROCESS_DIED = re.compile(r"worker process has died\. Worker exit type: (\S+) W
                            r"(?: Some common causes|$)", re.S)
 
 
+def _process_died(exc: BaseException) -> str | None:
+    """``its worker process died (TYPE: detail)`` from Ray's paragraph, or None for any other error."""
+    died = _PROCESS_DIED.search(str(exc))
+    return f"its worker process died ({died.group(1)}: {' '.join(died.group(2).split())})"[:500] if died else None
+
+
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    died = _PROCESS_DIED.search(text)
+    died = _process_died(exc)
     if died:
-        return f"its worker process died ({died.group(1)}: {' '.join(died.group(2).split())})"[:500]
-    lines = [line for line in text.splitlines() if line.strip()]
+        return died
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     return (lines[-1] if lines else "")[:500]
 
 
 def _restart_reason(cause: BaseException, rank: int) -> str:
-    said = _one_line(cause)
-    if said.startswith("its worker process died"):
-        return f"rank {rank}: {said}"
-    return f"rank {rank}: {type(cause).__name__}: {said}"
+    died = _process_died(cause)
+    return f"rank {rank}: {died}" if died else f"rank {rank}: {type(cause).__name__}: {_one_line(cause)}"
 
 
 def restart_announcer(max_failures: int):

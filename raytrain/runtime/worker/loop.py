@@ -146,9 +146,9 @@ def unregistered_newer(plan: Any, run_name: str, registered: str | None):
     storage = getattr(plan, "storage", None)
     if not storage or is_uri(storage) or not run_name:
         return None
-    run = Path(storage).expanduser() / run_name
-    if not run.is_dir():
-        return None
+    saved = markers.read_or_none(registered) if registered else None
+    above = saved.step if saved is not None else None
+    return store.latest_complete(Path(storage).expanduser() / run_name, above_step=above)
     saved = markers.read_or_none(registered) if registered else None
     floor = saved.step if saved is not None and saved.step is not None else -1
     # newest first by rank 0's marker alone; the full check (every rank's marker and files) only for those
