@@ -21,10 +21,21 @@ Two figures:
   many per step x the wrapper's own cost per call, measured here on a finished Work) and the beat thread's CPU
   time. Their sum over the off side's step time resolves far below what the A/B can on a loaded machine.
 
+``same_engine`` (``--same-engine``): the two engines' memory layouts and build order move the A/B by a few
+per cent either way, more than the guards cost. Instead each process builds one engine (no guard), records
+what installing the guard and the phase marks changes on it (:class:`Toggle`: the engine's instance attributes
+and the marks' forward pre-hook) and alternates the rounds on that engine: an "off" round takes those changes
+off (the class's own ``backward``, ``_take_model_step`` and ``step``, no hook), an "on" round puts them back;
+the timed waits and the beat thread toggle as above. With one engine there is no build order: the measurement
+runs once (``orders``: ``same-engine``). Before the rounds each rank checks the toggle (``toggle_check``): off
+is the plain engine, and on, a step with a NaN loss is skipped. The own-time figures are timed as above: the
+timers are part of what an "on" round puts back.
+
 ``only`` (``--guards-only``): the "on" engine and rounds get one component (``nonfinite``: the guard;
 ``marks``: the phase marks; ``timing``: the timed waits and ``step_finished``; ``beat``: the beat thread), all
-of them (``all``) or none (``none``: two plain engines, the A/B's null), and nothing times the guards from
-inside (the timers' own cost stays out of the A/B); no own-time figures then.
+of them (``all``) or none (``none``: two plain engines, or with ``same_engine`` nothing toggled on the
+engine: the A/B's null), and nothing times the guards from inside (the timers' own cost stays out of the A/B);
+no own-time figures then.
 
 Prints nothing; ``measure`` returns the figures.
 """
@@ -44,6 +55,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 WARMUP_PAIRS = 3
+SAME_ENGINE = "same-engine"  # the "order" of --same-engine: one engine, the guards toggled on it
 COMPONENTS = ("nonfinite", "marks", "timing", "beat")
 
 
@@ -81,6 +93,112 @@ class Clock:
                 "step_finished": d["step_finished"]}
 
 
+def _hook_dicts(engine) -> dict[tuple[int, str], dict]:  # type: ignore[no-untyped-def]
+    """Every hook dict of the engine and its submodules (``_forward_pre_hooks``, ...), by (module id, name)."""
+    return {(id(m), name): d for m in engine.modules() for name, d in vars(m).items()
+            if "hooks" in name and isinstance(d, dict)}
+
+
+class Toggle:
+    """``--same-engine``: what ``install()`` changes on ``engine`` (the guard, the phase marks), recorded once and
+    then taken off and put back between rounds.
+
+    Recorded as a diff around ``install()``: the engine's instance attributes it set or replaced (``backward``,
+    ``_take_model_step``, ``step``, ``_raytrain_guard``) and the hooks it added to any module's hook dicts (the
+    phase marks' forward pre-hook). ``heartbeat.instrument`` keeps no handle to its hook, so the hook is removed
+    and re-registered under its own id in the same dict (what ``RemovableHandle.remove`` deletes), not wrapped
+    in a switch: an off round's engine has no hook at all and takes torch's hook-free call path, as a plain
+    engine does. The attributes are written to ``__dict__`` directly, past ``nn.Module.__setattr__``."""
+
+    def __init__(self, engine, install) -> None:  # type: ignore[no-untyped-def]
+        self.engine = engine
+        before = dict(vars(engine))
+        hooks_before = {k: dict(d) for k, d in _hook_dicts(engine).items()}
+        install()
+        after = vars(engine)
+        gone = set(before) - set(after)
+        assert not gone, f"install removed engine attributes: {sorted(gone)}"
+        self.saved = {k: before[k] for k in after if k in before and before[k] is not after[k]}
+        self.added = {k: after[k] for k in after if k not in before or before[k] is not after[k]}
+        self.hooks: list[tuple[str, dict, dict]] = []  # (the dict's name, the module's dict, {id: hook} added)
+        for key, d in _hook_dicts(engine).items():
+            old = hooks_before.get(key, {})
+            assert set(old) <= set(d), "install removed a hook"
+            new = {h: d[h] for h in d if h not in old}
+            if new:
+                self.hooks.append((key[1], d, new))
+        self.is_on = True
+
+    def off(self) -> None:
+        if not self.is_on:
+            return
+        d = vars(self.engine)
+        for k in self.added:
+            if k in self.saved:
+                d[k] = self.saved[k]
+            else:
+                del d[k]
+        for _, hooks, added in self.hooks:
+            for h in added:
+                del hooks[h]
+        self.is_on = False
+
+    def on(self) -> None:
+        if self.is_on:
+            return
+        vars(self.engine).update(self.added)
+        for _, hooks, added in self.hooks:
+            hooks.update(added)
+        self.is_on = True
+
+    def is_plain(self) -> bool:
+        """Off: every recorded attribute is the class's own again (or its value from before install), every
+        recorded hook gone."""
+        d = vars(self.engine)
+        attrs = all(d[k] is self.saved[k] if k in self.saved else k not in d for k in self.added)
+        return attrs and not any(set(added) & set(hooks) for _, hooks, added in self.hooks)
+
+    def names(self) -> dict[str, list]:
+        return {"attributes": sorted(self.added), "hooks": sorted(name for name, _, added in self.hooks for _ in added)}
+
+
+def toggle_check(toggle: Toggle, x, y, nonfinite: bool) -> dict:  # type: ignore[no-untyped-def]
+    """Before the rounds (every rank): off leaves the class's own methods and no recorded hook; on, with the
+    guard among the components, a step with a NaN loss is skipped (the weights stay). Raises if not."""
+    import logging
+
+    import torch
+
+    from raytrain.runtime.worker import guard
+
+    engine = toggle.engine
+    toggle.off()
+    own = all(name not in vars(engine) for name in ("backward", "_take_model_step", "step", "_raytrain_guard"))
+    assert own and toggle.is_plain(), f"the off engine is not the plain one: {toggle.names()}"
+    toggle.on()
+    assert not (toggle.added or toggle.hooks) or not toggle.is_plain()
+    out: dict = {**toggle.names(), "off_is_plain": True, "nan_step_skipped": None}
+    if nonfinite:
+        g = engine._raytrain_guard
+        emit, g.emit = g.emit, lambda *args, **kwargs: None  # no skip event line in the bench's output
+        ds_log = logging.getLogger("DeepSpeed")  # nor DeepSpeed's overflow warning
+        level = ds_log.level
+        ds_log.setLevel(logging.ERROR)
+        try:
+            weights = [t.detach().clone() for t in guard._local_tensors(engine)]
+            skipped = len(g.skipped)
+            loss = ((engine(x) - y) ** 2).mean() * float("nan")
+            engine.backward(loss)
+            engine.step()
+        finally:
+            g.emit = emit
+            ds_log.setLevel(level)
+        kept = all(torch.equal(a, b.detach()) for a, b in zip(weights, guard._local_tensors(engine)))
+        assert len(g.skipped) == skipped + 1 and kept, "the toggled-on guard did not skip a NaN loss's step"
+        out["nan_step_skipped"] = True
+    return out
+
+
 def worker(rank: int, a: dict, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
@@ -110,22 +228,22 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
     timed = only is None  # the guards' own time, timed from inside: only with every component on
     on_parts = set(COMPONENTS) if only in (None, "all") else ({only} if only in COMPONENTS else set())
 
-    def engine(guarded: bool):
+    def build():
         install = guard.install
         guard.install = lambda engine, **kw: None
         try:
-            built = build_engine(model(), optimizer=lambda p: torch.optim.AdamW(list(p), lr=1e-4), config=config,
-                                 lr_scheduler=None, model_parameters=None)
+            return build_engine(model(), optimizer=lambda p: torch.optim.AdamW(list(p), lr=1e-4), config=config,
+                                lr_scheduler=None, model_parameters=None)
         finally:
             guard.install = install
-        if not guarded:
-            return built
+
+    def install(built) -> None:
         if not timed:
             if "nonfinite" in on_parts:
                 guard.install(built)
             if "marks" in on_parts:
                 heartbeat.instrument(built)
-            return built
+            return
         # The guard as build_engine installs it, between two timers: outer - inner = the guard's own seconds.
         built.backward = clock.wrap("backward", built.backward)
         built._take_model_step = clock.wrap("take_step", built._take_model_step)
@@ -137,14 +255,19 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         heartbeat.instrument(built)
         built.backward = clock.wrap("marked_backward", built.backward)
         built.step = clock.wrap("marked_step", built.step)
-        return built
 
-    if a["order"] == "plain-first":
-        plain = engine(False)
-        guarded = engine(True)
+    toggle = None
+    if a["order"] == SAME_ENGINE:
+        plain = guarded = build()
+        toggle = Toggle(plain, lambda: install(plain))
+    elif a["order"] == "plain-first":
+        plain = build()
+        guarded = build()
+        install(guarded)
     else:
-        guarded = engine(True)
-        plain = engine(False)
+        guarded = build()
+        install(guarded)
+        plain = build()
     if timed:
         heartbeat.State.enter = clock.wrap("enter", heartbeat.State.enter)  # the forward hook's phase mark
         step_finished = clock.wrap("step_finished", heartbeat.State.step_finished)
@@ -178,6 +301,8 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         Work.wait = timed_wait if timing_on else torch_wait
         heartbeat.STATE.timing = timing_on
         (beating.set if on and "beat" in on_parts else beating.clear)()
+        if toggle is not None:
+            (toggle.on if on else toggle.off)()
         eng = guarded if on else plain
         dist.barrier()
         times, process0 = [], time.process_time()
@@ -199,6 +324,7 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         cpu_per_step[on].append((time.process_time() - process0) / steps)
         return times
 
+    check = None if toggle is None else toggle_check(toggle, x, y, "nonfinite" in on_parts)
     steps = a["steps"]
     for _ in range(WARMUP_PAIRS):  # not counted
         run(True, steps), run(False, steps)
@@ -211,7 +337,8 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         stop.set()
         Work.wait = torch_wait
         Path(f"{out}.{rank}").write_text(json.dumps({"on": on_times, "off": off_times, "timing": None,
-                                                     "cpu_on": cpu_per_step[True], "cpu_off": cpu_per_step[False]}))
+                                                     "cpu_on": cpu_per_step[True], "cpu_off": cpu_per_step[False],
+                                                     "toggle_check": check}))
         dist.destroy_process_group()
         return
 
@@ -270,7 +397,8 @@ def worker(rank: int, a: dict, port: int, out: str) -> None:
         "enter_calls": clock.n["enter"],
     }
     Path(f"{out}.{rank}").write_text(json.dumps({"on": on_times, "off": off_times, "timing": timing,
-                                                 "cpu_on": cpu_per_step[True], "cpu_off": cpu_per_step[False]}))
+                                                 "cpu_on": cpu_per_step[True], "cpu_off": cpu_per_step[False],
+                                                 "toggle_check": check}))
     dist.destroy_process_group()
 
 
@@ -291,13 +419,17 @@ def median_ci(values: list[float], level: float = 0.95) -> tuple[float | None, f
 
 
 def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch: int,
-            orders: tuple[str, ...] = ("plain-first", "guarded-first"), only: str | None = None) -> dict:
+            orders: tuple[str, ...] = ("plain-first", "guarded-first"), only: str | None = None,
+            same_engine: bool = False) -> dict:
     import socket
     import tempfile
 
     import torch.multiprocessing as mp
 
+    if same_engine:  # one engine: no build order to repeat
+        orders = (SAME_ENGINE,)
     pairs, on_all, off_all, timings, by_order, cpu_pairs, cpu_off = [], [], [], [], {}, [], []
+    checks = []
     for order in orders:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -319,10 +451,12 @@ def measure(*, zero: int, steps: int, rounds: int, dim: int, layers: int, batch:
         on_all += [t for rnd in r0["on"] for t in rnd]
         off_all += [t for rnd in r0["off"] for t in rnd]
         timings += [r["timing"] for r in ranks]
+        checks += [r["toggle_check"] for r in ranks if r["toggle_check"] is not None]
     off_step = statistics.median(off_all)
     low, high = median_ci(pairs)
     common = {"zero": zero, "steps_per_round": steps, "pairs_per_order": rounds, "dim": dim, "layers": layers,
-              "batch": batch, "only": only, "orders": by_order,
+              "batch": batch, "only": only, "same_engine": same_engine, "orders": by_order,
+              "toggle_check": checks or None,  # --same-engine: each rank's check of the toggle (toggle_check)
               "steady_on_s": statistics.median(on_all), "steady_off_s": off_step,
               "ratio": statistics.median(on_all) / off_step,
               "paired_ratio": statistics.median(pairs), "paired_ratio_ci95": [low, high],

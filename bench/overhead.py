@@ -40,6 +40,10 @@ interval, and the guards' own seconds per step timed inside the guarded steps (o
 figure that resolves far below the A/B's spread on a loaded machine). ``--guards-only COMPONENT``: the same
 A/B with one component on (nonfinite, marks, timing, beat; or all, or none: the A/B's null) and no timers
 inside, with the extra CPU seconds per step of both processes (every thread: gloo's, the beat thread).
+``--same-engine`` (with ``--same-processes``, also with ``--guards-only``): one engine per process instead of
+two, the guard and the phase marks taken off and put back on it between rounds (the engine's instance
+attributes and the marks' hook), so that two engines' memory layouts stay out of the ratio; run once (no
+build order), ``--rounds`` pairs (default 80: as many as the two build orders' 2 x 40).
 
 Uses the local cluster of the calling environment (RAYTRAIN_HOME, RAYTRAIN_PORT, RAYTRAIN_DASHBOARD_PORT,
 RAYTRAIN_RAY_TEMP_DIR).
@@ -103,9 +107,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "A/B's null), with no timers inside; its paired ratio and the extra CPU of both processes")
     p.add_argument("--inproc-steps", type=int, default=5,
                    help="--same-processes: steps per round (--rounds: pairs of rounds per build order, default 40)")
+    p.add_argument("--same-engine", action="store_true",
+                   help="--same-processes: one engine per process, the guard and the phase marks taken off and "
+                        "put back on it between rounds (instead of a guarded and a plain engine, whose memory "
+                        "layouts move the ratio); no build orders, --rounds pairs (default 80)")
     args = p.parse_args(argv)
+    if args.same_engine and not (args.guards_ab and args.same_processes):
+        p.error("--same-engine needs --guards-ab --same-processes")
     if args.rounds is None:  # --same-processes: pairs of short rounds per build order
         args.rounds = (40 if args.same_processes else 3) if not args.smoke else (6 if args.same_processes else 1)
+        if args.same_engine:  # one run instead of one per build order: as many pairs in all
+            args.rounds *= 2
     if args.zero is None:
         args.zero = [1] if args.smoke else [1, 3]
     if args.warmup is None:
@@ -336,30 +348,44 @@ def guards_same_processes(args: argparse.Namespace) -> int:
     import guards_inproc
 
     dim, layers, batch = (int(v) for v in args.inproc_model.split(","))
-    rows, parts, results = [], [], {"benchmark": "guards-same-processes", "machine": bl.machine(), "configs": {}}
+    rows, parts, results = [], [], {"benchmark": "guards-same-processes", "machine": bl.machine(), "configs": {},
+                                    "same_engine": args.same_engine}
+    checks = []
+    where = "same engine" if args.same_engine else "same processes"
+
+    def by_order(r: dict) -> str:
+        return ", ".join(f"{'same engine' if o == guards_inproc.SAME_ENGINE else o[:1]}: {v['paired_ratio']:.4f}"
+                         for o, v in r["orders"].items())
+
     for zero in args.zero:
         r = guards_inproc.measure(zero=zero, steps=args.inproc_steps, rounds=args.rounds, dim=dim, layers=layers,
-                                  batch=batch, only=args.guards_only)
+                                  batch=batch, only=args.guards_only, same_engine=args.same_engine)
         results["configs"][f"zero{zero}"] = r
+        if r["toggle_check"]:
+            c = r["toggle_check"][0]
+            nan = {True: "skipped", None: "not checked (no guard on)"}[c["nan_step_skipped"]]
+            checks.append(f"zero{zero}: off = the class's own methods, no hook (each rank); on, a NaN loss's step "
+                          f"{nan}; toggled: {', '.join(c['attributes']) or 'no attribute'}; "
+                          f"hooks: {', '.join(c['hooks']) or 'none'}")
         if args.guards_only is not None:
             low, high = r["paired_ratio_ci95"]
             clow, chigh = r["cpu_extra_ci95"]
-            bl.log(f"guards (same processes, only {args.guards_only}): zero{zero} paired on/off "
+            bl.log(f"guards ({where}, only {args.guards_only}): zero{zero} paired on/off "
                    f"{r['paired_ratio']:.4f} [{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}]")
             rows.append([f"zero{zero}", args.guards_only, bl.fmt(r["steady_off_s"], " ms", 2, 1000),
                          f"{r['paired_ratio']:.4f} [{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}]",
-                         ", ".join(f"{o[:1]}: {v['paired_ratio']:.4f}" for o, v in r["orders"].items()),
+                         by_order(r),
                          f"{r['cpu_extra_s'] * 1000:.3f} [{bl.fmt(clow, '', 3, 1000)}, {bl.fmt(chigh, '', 3, 1000)}] ms"
                          f" of {r['cpu_off_s'] * 1000:.1f} ms"])
             continue
         g, (low, high) = r["guard_time"], r["paired_ratio_ci95"]
-        bl.log(f"guards (same processes): zero{zero} paired on/off {r['paired_ratio']:.4f} "
+        bl.log(f"guards ({where}): zero{zero} paired on/off {r['paired_ratio']:.4f} "
                f"[{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}], guards' own time {g['total_ms']:.3f} ms/step "
                f"= {g['fraction_of_step'] * 100:.2f} % of {r['steady_off_s'] * 1000:.1f} ms")
         rows.append([f"zero{zero}", bl.fmt(r["steady_on_s"], " ms", 2, 1000), bl.fmt(r["steady_off_s"], " ms", 2, 1000),
                      bl.fmt(r["ratio"], "", 4),
                      f"{r['paired_ratio']:.4f} [{bl.fmt(low, '', 4)}, {bl.fmt(high, '', 4)}]",
-                     ", ".join(f"{o[:1]}: {v['paired_ratio']:.4f}" for o, v in r["orders"].items()),
+                     by_order(r),
                      f"{g['total_ms']:.3f} ms ({g['fraction_of_step'] * 100:.2f} %)",
                      f"{g['total_cpu_ms']:.3f} ms ({g['cpu_fraction_of_step'] * 100:.2f} %)", f"{r['guard_ratio']:.4f}"])
         parts.append([f"zero{zero}", f"{g['nonfinite_guard_ms']:.3f} / {g['nonfinite_guard_cpu_ms']:.3f} ms",
@@ -369,26 +395,32 @@ def guards_same_processes(args: argparse.Namespace) -> int:
                       f"{g['beat_thread_ms'] * 1000:.1f} us"])
     results["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     path = bl.write_json(args.out, results)
+    rounds = (f"{args.rounds} pairs of {args.inproc_steps}-step rounds on the same engine (the guards taken off and "
+              f"put back)" if args.same_engine else f"{args.rounds} pairs of {args.inproc_steps}-step rounds per "
+              f"build order")
+    checked = "".join(f"\nToggle check, {c}" for c in checks)
     if args.guards_only is not None:
         print(f"## guards on ({args.guards_only}) vs off, same 2 CPU processes, MLP {dim} x {layers}, batch {batch}; "
-              f"{args.rounds} pairs of {args.inproc_steps}-step rounds per build order; load average "
+              f"{rounds}; load average "
               f"{results['machine']['load_avg'][0]} -> {results['machine']['load_avg_end'][0]}\n")
         print(bl.markdown_table(["config", "on", "plain step", "paired on/off [95 % CI]", "by build order",
                                  "extra CPU per step, both processes [95 % CI]"], rows))
-        print(f"JSON: {path}")
+        print(f"{checked[1:]}\nJSON: {path}" if checked else f"JSON: {path}")
         return 0
     print(f"## every guard on vs off, same 2 CPU processes (gloo, fp32), MLP {dim} x {layers} layers, batch {batch}; "
-          f"{args.rounds} pairs of {args.inproc_steps}-step rounds per build order, both orders; load average "
+          f"{rounds}{'' if args.same_engine else ', both orders'}; load average "
           f"{results['machine']['load_avg'][0]} -> {results['machine']['load_avg_end'][0]}\n")
     print(bl.markdown_table(["config", "steady, guards on", "steady, off", "on/off (pooled)",
-                             "paired on/off, median [95 % CI]", "by build order (plain first, guarded first)",
+                             "paired on/off, median [95 % CI]",
+                             "by build order (same engine)" if args.same_engine
+                             else "by build order (plain first, guarded first)",
                              "guards' own time per step (wall)", "the same, CPU", "1 + own wall time / step"],
                             rows))
     print("\nThe guards' own time per step (medians over the guarded steps, the larger rank's; wall / CPU; the wall "
           "time of an all-reduce includes waiting for the other rank):\n")
     print(bl.markdown_table(["config", "non-finite guard", "of which agree (all-reduce)", "phase marks",
                              "step_finished", "timed waits x wrapper cost", "beat thread CPU"], parts))
-    print(f"\nGoal: on/off <= {GOAL_GUARDS}.\nJSON: {path}")
+    print(f"{checked}\n\nGoal: on/off <= {GOAL_GUARDS}.\nJSON: {path}")
     return 0
 
 
