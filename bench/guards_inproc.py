@@ -200,6 +200,10 @@ def toggle_check(toggle: Toggle, x, y, nonfinite: bool) -> dict:  # type: ignore
 
 
 def worker(rank: int, a: dict, port: int, out: str) -> None:
+    import warnings
+
+    # As raytrain's workers (runtime/worker/loop.py): DeepSpeed's deprecated torch.distributed calls, each step.
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     import torch
     import torch.distributed as dist
     import torch.nn as nn
