@@ -149,18 +149,3 @@ def unregistered_newer(plan: Any, run_name: str, registered: str | None):
     saved = markers.read_or_none(registered) if registered else None
     above = saved.step if saved is not None else None
     return store.latest_complete(Path(storage).expanduser() / run_name, above_step=above)
-    saved = markers.read_or_none(registered) if registered else None
-    floor = saved.step if saved is not None and saved.step is not None else -1
-    # newest first by rank 0's marker alone; the full check (every rank's marker and files) only for those
-    # newer than Ray Train's: a restart of a long run on a network file system must not stat every checkpoint
-    newer = []
-    for d in run.iterdir():
-        if d.is_dir() and d.name.startswith(store.CHECKPOINT_PREFIX):
-            first = markers.read_or_none(d, 0)
-            if first is not None and first.step is not None and first.step > floor:
-                newer.append((first.step, d.name, d))
-    for _, _, d in sorted(newer, reverse=True):
-        info = store.inspect(d)
-        if info.complete:
-            return info
-    return None
