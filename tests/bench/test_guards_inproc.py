@@ -118,3 +118,13 @@ def test_same_engine_check_fails_where_the_toggle_leaves_a_guard_behind():
     assert "_take_model_step" in vars(engine)
     with pytest.raises(AssertionError, match="not the plain one"):
         guards_inproc.toggle_check(toggle, torch.ones(2, 4), torch.ones(2, 1), nonfinite=True)
+
+
+def test_same_engine_without_the_same_processes_ab_is_refused_naming_what_it_needs(capsys):
+    import overhead
+
+    with pytest.raises(SystemExit) as exit_info:
+        overhead.parse_args(["--guards-ab", "--same-engine"])
+    assert exit_info.value.code == 2 and "--same-engine needs --guards-ab --same-processes" in capsys.readouterr().err
+    args = overhead.parse_args(["--guards-ab", "--same-processes", "--same-engine"])
+    assert args.same_engine and args.rounds == 80  # one run instead of two build orders: as many pairs in all
