@@ -54,6 +54,8 @@ TUNINGS: dict[str, Tuning] = {t.name: t for t in [
            "torch-free process-group backend)"),
     Tuning("lean_trainer", "lean_trainer", TESTED_RAY, "Ray Train's trainer without the callbacks and "
            "coordinator calls a raytrain run does not use"),
+    Tuning("elastic_fresh_view", "elastic_view", TESTED_RAY, "an elastic run sizes each start and restart by "
+           "the cluster's nodes now, not as Ray's coordinator saw them up to 20 s before"),
     Tuning("report_barrier", "ray_access", TESTED_RAY, "a worker's checkpoint report returns once the "
            "controller has it"),
 ]}

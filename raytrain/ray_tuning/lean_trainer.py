@@ -12,13 +12,16 @@ And a fixed-size run's scaling policy registers the run's resources with the Aut
 detached actor shared by Ray Train and Ray Data, before it places the workers (a blocking call) and every
 20 s; the first run after a cluster starts creates that actor, which then stays on the node. A node raytrain
 runs itself has no autoscaler to tell: on the local cluster (``local_cluster``) the fixed policy does without
-it. An elastic run keeps it: it sizes itself by what the coordinator reserves. Both overrides are of Ray
+it. An elastic run keeps it: it sizes itself by what the coordinator reserves (with ``elastic_fresh_view``,
+from a fresh view of the nodes: raytrain.ray_tuning.elastic_view). Both overrides are of Ray
 Train's private methods (``_create_default_callbacks``, ``_initialize_and_run_controller``,
 ``FixedScalingPolicy._maybe_send_resource_request``).
 """
 from __future__ import annotations
 
 from typing import Any
+
+from raytrain import ray_tuning
 
 
 def dropped_callbacks(datasets: dict | None, *, local_cluster: bool | None) -> set[str]:
@@ -77,10 +80,15 @@ def lean_trainer_class() -> type:
                 return [c for c in super()._create_default_callbacks() if type(c).__name__ not in drop]
 
             def _initialize_and_run_controller(self, **controller_init_kwargs):
-                if (not coordinator_enabled(local_cluster=self._raytrain_local_cluster)
-                        and "scaling_policy" in controller_init_kwargs):
-                    controller_init_kwargs["scaling_policy"] = without_coordinator(
-                        controller_init_kwargs["scaling_policy"])
+                policy = controller_init_kwargs.get("scaling_policy")
+                if policy is not None and not coordinator_enabled(local_cluster=self._raytrain_local_cluster):
+                    policy = without_coordinator(policy)
+                if policy is not None and ray_tuning.on("elastic_fresh_view"):
+                    from raytrain.ray_tuning.elastic_view import fresh_view
+
+                    policy = fresh_view(policy)
+                if policy is not None:
+                    controller_init_kwargs["scaling_policy"] = policy
                 return super()._initialize_and_run_controller(**controller_init_kwargs)
 
         _LEAN.append(LeanDataParallelTrainer)

@@ -192,11 +192,6 @@ print(json.dumps({{"head": head, "driver": driver, "actors": actors,
 """
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "bug: an elastic `--workers 1-2` job reading `--data` on a full two-node cluster sometimes starts with 1 worker "
-    "(3 of 5 full-suite runs, after tests/e2e; 0 of 3 runs of tests/multinode alone on 2026-12-06). Not Ray Data "
-    "holding the CPUs: the autoscaling coordinator reserves Ray Train's HIGH-priority request before Ray Data's "
-    "leftover share. Cause not yet found"))
 def test_an_elastic_data_job_sees_every_id_once_in_the_epoch_when_a_node_is_lost(two_nodes, request):
     """`--workers 1-2` reading `--data`: node 2 is killed after step 4's checkpoint (the job waits there for it, in
     collectives), the group continues on 1 worker from that checkpoint, and the rest of the epoch is re-split

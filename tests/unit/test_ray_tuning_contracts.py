@@ -167,6 +167,22 @@ def lean_trainer():
         "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"))
 
 
+def elastic_fresh_view():
+    elastic = attr("ray.train.v2._internal.execution.scaling_policy.elastic.ElasticScalingPolicy")
+    assert params(elastic.make_decision_for_non_running_worker_group) == {"self"}
+    assert params(elastic._maybe_send_resource_request) == {"self"}
+    assert elastic.GET_RESERVED_RESOURCES_INTERVAL_S > 0
+    source = inspect.getsource(elastic._get_reserved_resources)
+    for name in ("_latest_reserved_resources_query_time", "_latest_reserved_resources", "_autoscaling_coordinator",
+                 "GET_RESERVED_RESOURCES_INTERVAL_S"):
+        assert name in source, name  # the cached answer the tuning sets is what the base class returns
+    coordinator = attr("ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator")
+    assert {"requester_id", "recompute"} <= params(coordinator._AutoscalingCoordinatorActor.get_reserved_resources)
+    assert attr("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
+                ".AUTOSCALING_REQUESTS_GET_TIMEOUT_S") > 0
+    assert callable(attr("ray.train.v2._internal.util.time_monotonic"))
+
+
 def report_barrier():
     context = attr("ray.train.v2._internal.execution.context")
     assert callable(context.get_train_context) and params(context.TrainContext.get_result_queue) == {"self"}
@@ -175,7 +191,7 @@ def report_barrier():
 
 CONTRACTS = {f.__name__: f for f in (dashboard_modules, no_ray_client, raylet_flags, light_setup_worker,
                                      quiet_dashboard, prestart, prompt_poll, early_imports, lazy_torch,
-                                     lean_trainer, report_barrier)}
+                                     lean_trainer, elastic_fresh_view, report_barrier)}
 
 
 def test_every_tuning_has_a_contract():

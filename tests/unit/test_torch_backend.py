@@ -202,3 +202,8 @@ def test_the_local_cluster_runs_fixed_size_jobs_without_the_autoscaling_coordina
     for unsaid_or_not_local in (None, False):
         build(unsaid_or_not_local)._initialize_and_run_controller(scaling_policy=fixed)
         assert seen["scaling_policy"] is fixed
+    # an elastic run keeps the coordinator everywhere, and asks it for a fresh view (tests/unit/test_elastic_view.py)
+    for local_cluster in (True, None):
+        build(local_cluster)._initialize_and_run_controller(scaling_policy=elastic)
+        assert type(seen["scaling_policy"]).__name__ == "ElasticScalingPolicyWithFreshView"
+        assert seen["scaling_policy"].scaling_config is elastic.scaling_config
