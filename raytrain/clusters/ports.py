@@ -22,12 +22,24 @@ def in_use(port: int) -> bool:
     return False
 
 
+# `ray start`'s default range for its worker processes' ports (--min-worker-port, --max-worker-port): Ray
+# refuses, with a traceback, a component port inside it
+RAY_WORKER_PORTS = range(10002, 20000)
+
+
 def check_free(ports: dict[str, int]) -> None:
-    """``{"--port": 6379, ...}``: a clear error naming the first taken port and how to choose another."""
+    """``{"--port": 6379, ...}``: a clear error naming the first port Ray cannot use (inside its worker ports'
+    range, or taken) and how to choose another."""
     for flag, port in ports.items():
+        env = {"--port": "RAYTRAIN_PORT", "--dashboard-port": "RAYTRAIN_DASHBOARD_PORT"}.get(flag)
+        how = f"{flag} or {env}" if env else "--dashboard-port or RAYTRAIN_DASHBOARD_PORT (it derives this one)"
+        if port in RAY_WORKER_PORTS:
+            raise ClusterError(
+                f"port {port} ({flag.lstrip('-')}) is inside the range Ray keeps for its worker processes "
+                f"({RAY_WORKER_PORTS.start}-{RAY_WORKER_PORTS.stop - 1}); choose one outside it with {how} "
+                "(e.g. 6379 and 8265, the defaults)"
+            )
         if in_use(port):
-            env = {"--port": "RAYTRAIN_PORT", "--dashboard-port": "RAYTRAIN_DASHBOARD_PORT"}.get(flag)
-            how = f"{flag} or {env}" if env else "--dashboard-port or RAYTRAIN_DASHBOARD_PORT (it derives this one)"
             raise ClusterError(
                 f"port {port} ({flag.lstrip('-')}) is already in use on this machine (another Ray cluster?); "
                 f"choose a free one with {how}"

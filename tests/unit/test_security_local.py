@@ -56,6 +56,17 @@ def test_a_taken_port_is_refused_before_ray_starts(no_spawn):
     assert no_spawn == []
 
 
+def test_a_port_inside_rays_worker_port_range_is_refused_naming_the_range(no_spawn):
+    # Ray's own refusal is a ValueError traceback from `ray start`; raytrain says which flag and what works
+    with pytest.raises(ClusterError, match=r"port 15000 \(port\) is inside the range Ray keeps for its worker "
+                                           r"processes \(10002-19999\); choose one outside it with --port or "
+                                           r"RAYTRAIN_PORT"):
+        local_head.up(port=15000, dashboard_port=_free_port())
+    with pytest.raises(ClusterError, match=r"port 10002 \(dashboard-port\).*RAYTRAIN_DASHBOARD_PORT"):
+        local_head.up(port=_free_port(), dashboard_port=10002)
+    assert no_spawn == []
+
+
 def test_single_node_is_loopback_and_node_ip_keeps_the_network_address(no_spawn):
     with pytest.raises(Spawned):
         local_head.up(port=_free_port(), dashboard_port=_free_port())
