@@ -16,6 +16,9 @@ PREFIX = re.compile(r"^(\((?:[\w.]+ )?pid=[^)]*\)|\(raylet[^)]*\)) ?")
 NOISE = (
     "Reporting training result ",  # Ray Train, each ray.train.report at INFO: the progress line says it better
     "Running entrypoint for job ",  # the Jobs API's header; raytrain already said it submitted the job
+    # DeepSpeed on rank 0 for any optimizer outside its short list (SGD included) once raytrain has allowed it
+    # (zero_allow_untested_optimizer): nothing to act on
+    "You are using ZeRO with an untested optimizer, proceed with caution",
 )
 NOISE_PATTERNS = (
     # core_worker.cc, when Ray Train kills its preemption watcher (an actor with max_restarts > 0)

@@ -37,6 +37,8 @@ LOG = [
     f"{E}[36m(RayTrainWorker pid=23378){E}[0m Traceback (most recent call last):",  # the user's own: kept
     '(RayTrainWorker pid=23378) @@raytrain {"event":"metrics","step":1,"loss":5.0}',
     "(RayTrainWorker pid=23378) Reporting training result 1: ...",
+    "(RayTrainWorker pid=23378) [2026-12-06 18:03:11,201] [WARNING] [engine.py:2304:_do_optimizer_sanity_check] "
+    "**** You are using ZeRO with an untested optimizer, proceed with caution *****",
 ]
 
 
