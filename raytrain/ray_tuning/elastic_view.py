@@ -8,7 +8,7 @@ submitted then started on fewer workers than the cluster had (then grew, with a 
 
 Ray's coordinator offers the fix itself, ``get_reserved_resources(..., recompute=True)`` ("callers that turn
 the answer into node pins want this"), but Ray Train never asks for it. Here the policy asks for it before
-each start or restart decision (at most once a second, the policy's own rate); a running group's periodic
+each start or restart decision (at most every 5 s while a group waits to start); a running group's periodic
 resize check keeps Ray's cheaper poll. Overrides a private method's caller of Ray Train's
 ``ElasticScalingPolicy`` and sets its cached reservation (``_latest_reserved_resources``).
 """
@@ -22,6 +22,11 @@ logger = logging.getLogger(__name__)
 _FRESH: list[type] = []
 
 
+# A refresh is a full tick of the coordinator (it also re-sends the cluster's requests to the autoscaler): at
+# most this often while a group waits to start; the policy's 1 s polls in between read the last reservation
+REFRESH_INTERVAL_S = 5.0
+
+
 def refresh(policy: Any) -> None:
     """Have the coordinator re-read the nodes and re-reserve, and keep its answer as the policy's latest (the
     base class then uses it instead of asking again). On an error the base class asks as it always does."""
@@ -31,8 +36,11 @@ def refresh(policy: Any) -> None:
     )
     from ray.train.v2._internal.util import time_monotonic
 
-    if time_monotonic() - policy._latest_reserved_resources_query_time < policy.GET_RESERVED_RESOURCES_INTERVAL_S:
+    now = time_monotonic()
+    if (now - getattr(policy, "_raytrain_refreshed_at", float("-inf")) < REFRESH_INTERVAL_S
+            or now - policy._latest_reserved_resources_query_time < policy.GET_RESERVED_RESOURCES_INTERVAL_S):
         return
+    policy._raytrain_refreshed_at = now
     try:
         reserved = ray.get(policy._autoscaling_coordinator.get_reserved_resources.remote(
             policy._requester_id, recompute=True), timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S)

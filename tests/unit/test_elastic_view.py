@@ -82,3 +82,35 @@ def test_only_an_elastic_policy_is_given_the_fresh_view():
     fresh = fresh_view(elastic)
     assert type(fresh).__name__ == "ElasticScalingPolicyWithFreshView"
     assert (fresh.scaling_config.min_workers, fresh.scaling_config.max_workers) == (1, 3)
+
+
+def test_a_refresh_is_a_full_tick_so_a_waiting_group_asks_for_one_at_most_every_5_s(monkeypatch):
+    import ray
+    from ray.train.v2._internal import util
+
+    from raytrain.ray_tuning import elastic_view
+
+    now = [100.0]
+    monkeypatch.setattr(util, "time_monotonic", lambda: now[0])
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    calls = []
+
+    class Method:
+        def remote(self, requester_id, recompute=False):
+            calls.append((requester_id, recompute))
+            return {"node-1": {"CPU": 2.0}}
+
+    policy = type("Policy", (), {"GET_RESERVED_RESOURCES_INTERVAL_S": 1, "_requester_id": "train-x",
+                                 "_latest_reserved_resources_query_time": float("-inf"),
+                                 "_latest_reserved_resources": None})()
+    policy._autoscaling_coordinator = type("Coordinator", (), {"get_reserved_resources": Method()})()
+    elastic_view.refresh(policy)
+    assert calls == [("train-x", True)] and policy._latest_reserved_resources == {"node-1": {"CPU": 2.0}}
+    assert policy._latest_reserved_resources_query_time == 100.0  # the base class uses this answer, not a second
+    for later in (101.5, 104.9):
+        now[0] = later
+        elastic_view.refresh(policy)
+    assert len(calls) == 1
+    now[0] = 105.0
+    elastic_view.refresh(policy)
+    assert calls == [("train-x", True)] * 2
