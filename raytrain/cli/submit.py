@@ -12,6 +12,7 @@ from raytrain.cli.options import options_from_flags, submit_options
 from raytrain.cli.progress import ProgressPrinter, describe_metrics, memory_summary
 from raytrain.config.options import Options
 from raytrain.targets.factory import TargetOptions, make_target
+from raytrain.errors import ClusterError
 
 
 def _target_flags(target) -> str:
@@ -98,8 +99,6 @@ def _versions(target, request) -> dict:
     if request.target == "local":
         cluster = dict(local)
     elif request.target == "address":
-        from raytrain.errors import ClusterError
-
         try:
             cluster["ray"] = str(target.dashboard.check_reachable().get("ray_version") or "") or None
             found, _why = target.cluster_versions()
@@ -207,7 +206,13 @@ def _follow(console: Console, target, handle, *, quiet: bool, verbose: bool, sto
             return api.wait(handle, target, on_text=printer.on_text, storage=storage, shown=printer.shown)
     except KeyboardInterrupt:
         if stop_on_interrupt:
-            target.stop(handle.job_id)
+            try:
+                target.stop(handle.job_id)
+            except ClusterError as exc:
+                where = _target_flags(target)
+                console.print(f"\nraytrain: could not stop {handle.job_id}: {exc}\n"
+                              f"  stop:   raytrain jobs stop {handle.job_id}{where}")
+                sys.exit(130)
             console.print(f"\nraytrain: stopped {handle.job_id}")
         else:
             where = _target_flags(target)

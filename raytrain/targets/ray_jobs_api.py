@@ -39,9 +39,37 @@ FOLLOW_STATUS_FAILURES = 5
 FOLLOW_STATUS_GIVE_UP_S = 30.0
 FOLLOW_STATUS_CALL_S = 30.0
 FOLLOW_TAIL_GRACE_S = 10.0
+# One Jobs API read or stop through Ray's client (status, logs, list, stop), which sets no timeout of its own:
+# a dashboard that never answers must not hang a command (a Ctrl-C's stop included)
+JOBS_API_CALL_S = 120.0
 # The probe of the cluster's versions: a trivial job ends in about 5 s on a 2-core machine; a refusal must
 # come within 10 s of the command.
 VERSION_PROBE_WAIT_S = 8.0
+
+
+def _bounded(fn: Callable, *args, timeout_s: float):
+    """``fn(*args)`` on a daemon thread, given up (TimeoutError) after ``timeout_s``; its own exception re-raised
+    here. A call given up on is left to end by itself (or with the process)."""
+    import threading
+
+    outcome: list = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn(*args)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="raytrain-jobs-api").start()
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 async def _in_daemon_thread(fn: Callable, *args, timeout_s: float):
@@ -330,11 +358,15 @@ class RayJobsApiTarget(Target):
             ray_job_id=getattr(details, "job_id", None) or "",
         )
 
-    def _call(self, what: str, fn, *args):
+    def _call(self, what: str, fn, *args, timeout_s: float | None = None):
+        timeout_s = JOBS_API_CALL_S if timeout_s is None else timeout_s
         try:
-            return fn(*args)
+            return _bounded(fn, *args, timeout_s=timeout_s)
         except RaytrainError:
             raise
+        except TimeoutError as exc:
+            raise ClusterError(f"{what}: no answer from {self.address} within {timeout_s:.0f} s (an overloaded or "
+                               "stuck dashboard?); try again") from exc
         except RuntimeError as exc:
             text = str(exc)
             if "does not exist" in text or "404" in text:

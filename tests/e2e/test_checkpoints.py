@@ -277,7 +277,9 @@ def test_ctrl_c_while_following_does_what_the_flags_say(cli, stop_flag, state):
     proc = subprocess.Popen(
         [sys.executable, "-m", "raytrain.cli.main", "submit", str(JOBS / "cnn.py"), "--workers", "1", "-q",
          *stop_flag, "--", "--steps", "1000", "--step-sleep", "0.5"],
-        env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        # PYTHONFAULTHANDLER: a CLI that does not end is asked for every thread's stack (SIGABRT) below
+        env={**cli.env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL,
         # Ctrl-C at a terminal: SIGINT at its default in the CLI, also where the suite itself was started with
         # SIGINT ignored (a shell's background job, nohup), which its children would inherit: Python then
         # installs no KeyboardInterrupt handler and the CLI never sees the Ctrl-C
@@ -292,7 +294,13 @@ def test_ctrl_c_while_following_does_what_the_flags_say(cli, stop_flag, state):
             if line.startswith("step 2") or not line:
                 break
         proc.send_signal(signal.SIGINT)
-        out = "".join(seen) + proc.communicate(timeout=60)[0]
+        try:
+            out = "".join(seen) + proc.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            rest = proc.communicate(timeout=30)[0]
+            pytest.fail(f"the CLI did not end within 60 s of the Ctrl-C; its output, then its threads' stacks:\n"
+                        f"{''.join(seen)}{rest[-12000:]}")
     finally:
         # a failure above must not leave the CLI, or its 500-s job, running: the CLI here, the job by the
         # autouse _no_job_outlives_its_test after the test

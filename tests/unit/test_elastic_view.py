@@ -2,8 +2,9 @@
 
 Ray's AutoscalingCoordinator reads the nodes on a 20 s tick; Ray Train's elastic policy sized a new group from
 that view, so a job submitted in the seconds after a node joined started without it (the multinode elastic
-``--data`` test's flake: it starts right after node 2 rejoins). Shown on a real two-node Ray cluster (Ray's
-own ``ray.cluster_utils.Cluster``: two raylets on this machine), in a fresh interpreter.
+``--data`` test's flake: it starts right after node 2 rejoins), and a restart in the seconds after a node was
+lost counted it. Shown on a real two-node Ray cluster (Ray's own ``ray.cluster_utils.Cluster``: two raylets on
+this machine), in a fresh interpreter.
 """
 from __future__ import annotations
 
@@ -44,11 +45,18 @@ def decide(fresh, run_id):
 
 
 seen = {"before": decide(False, "a")}  # creates the coordinator; its view: the head alone
-cluster.add_node(num_cpus=1)
+node2 = cluster.add_node(num_cpus=1)
 cluster.wait_for_nodes()
 seen["nodes"] = sum(1 for n in ray.nodes() if n["Alive"])
 seen["stock"] = decide(False, "b")
-seen["fresh"] = decide(True, "c")
+seen["fresh"] = decide(True, "c")  # (its refresh also updates the coordinator's view: node 2 counted)
+# Node 2 lost as a machine dies (SIGKILL, no goodbye): Ray's health checks mark it dead only 15-20 s later
+cluster.remove_node(node2, allow_graceful=False)
+lost = time.monotonic()
+seen["lost_stock"] = decide(False, "d")
+seen["lost_fresh"] = decide(True, "e")
+seen["lost_decided_in_s"] = time.monotonic() - lost
+seen["node2_still_alive_for_ray"] = any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node2.node_id)
 ray.shutdown()
 cluster.shutdown()
 print(json.dumps(seen))
@@ -68,6 +76,12 @@ def test_an_elastic_start_right_after_a_node_joins_counts_the_node(monkeypatch):
     # if a Ray release fixes it, this line says so and the tuning can go)
     assert seen["stock"] == {"workers": 1, "policy": "ElasticScalingPolicy"}, seen
     assert seen["fresh"] == {"workers": 2, "policy": "ElasticScalingPolicyWithFreshView"}, seen
+    # A lost node, before Ray's health checks have marked it dead: stock Ray Train counts it (its group then
+    # cannot be placed, and it waits out its 60 s start timeout); the fresh view knocks, and does not
+    assert seen["node2_still_alive_for_ray"], seen
+    assert seen["lost_stock"] == {"workers": 2, "policy": "ElasticScalingPolicy"}, seen
+    assert seen["lost_fresh"] == {"workers": 1, "policy": "ElasticScalingPolicyWithFreshView"}, seen
+    assert seen["lost_decided_in_s"] < 5, seen
 
 
 def test_only_an_elastic_policy_is_given_the_fresh_view():
@@ -93,6 +107,7 @@ def test_a_refresh_is_a_full_tick_so_a_waiting_group_asks_for_one_at_most_every_
     now = [100.0]
     monkeypatch.setattr(util, "time_monotonic", lambda: now[0])
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    monkeypatch.setattr(ray, "nodes", lambda: [])
     calls = []
 
     class Method:
@@ -114,3 +129,36 @@ def test_a_refresh_is_a_full_tick_so_a_waiting_group_asks_for_one_at_most_every_
     now[0] = 105.0
     elastic_view.refresh(policy)
     assert calls == [("train-x", True)] * 2
+
+
+def test_a_node_ray_lists_dead_or_whose_raylet_does_not_answer_is_silent():
+    from raytrain.ray_tuning.elastic_view import knock, silent_nodes
+
+    nodes = [{"NodeID": "a", "Alive": True, "NodeManagerAddress": "10.0.0.1", "NodeManagerPort": 1},
+             {"NodeID": "b", "Alive": True, "NodeManagerAddress": "10.0.0.2", "NodeManagerPort": 1},
+             {"NodeID": "c", "Alive": False, "NodeManagerAddress": "10.0.0.3", "NodeManagerPort": 1}]
+    knocked = []
+
+    def answers(address, port):
+        knocked.append(address)
+        return address != "10.0.0.2"
+
+    assert silent_nodes(["a", "b", "c", "gone"], lambda: nodes, answers) == {"b", "c", "gone"}
+    assert sorted(knocked) == ["10.0.0.1", "10.0.0.2"]  # only nodes Ray still lists as alive
+    assert silent_nodes([], lambda: nodes, answers) == set()
+
+    def broken():
+        raise ConnectionError("GCS unreachable")
+
+    assert silent_nodes(["a"], broken, answers) == set()  # cannot tell: every node counts, as in Ray Train
+    # the real knock: a closed port on this machine is refused at once
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    assert knock("127.0.0.1", closed) is False
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert knock("127.0.0.1", listener.getsockname()[1]) is True

@@ -194,3 +194,59 @@ def test_a_tail_that_outlives_the_job_without_the_last_word_is_cut(monkeypatch):
     monkeypatch.setattr(ray_jobs, "FOLLOW_TAIL_GRACE_S", 0.3, raising=False)
     out, took = follow(FakeJobs([STARTED, WORKER_ERROR], tail_after_s=3600), end_poll_s=0.02, status_poll_s=0.05)
     assert out == STARTED + WORKER_ERROR + AFTER and took < 10
+
+
+def test_a_jobs_api_call_that_hangs_is_given_up_naming_the_call(monkeypatch):
+    """Ray's job client sets no timeout of its own: a dashboard that never answers a stop, a status or a log
+    read must not hang the command."""
+    import pytest
+
+    from raytrain.errors import ClusterError
+    from raytrain.targets import ray_jobs_api as ray_jobs
+
+    monkeypatch.setattr(ray_jobs, "JOBS_API_CALL_S", 0.2)
+
+    class Hangs(FakeJobs):
+        def stop_job(self, job_id):
+            time.sleep(3600)
+
+        def get_job_info(self, job_id):
+            raise RuntimeError("Job job does not exist")
+
+    target = RayJobsApiTarget("http://127.0.0.1:1", token="")
+    target._client = Hangs([STARTED])
+    start = time.monotonic()
+    with pytest.raises(ClusterError, match=r"^job stop: no answer from http://127.0.0.1:1 within 0 s"):
+        target.stop("job")
+    assert time.monotonic() - start < 5
+    with pytest.raises(ClusterError, match="no job 'job' on http://127.0.0.1:1"):  # its own errors as before
+        target.status("job")
+    assert target.logs("job") == STARTED + AFTER  # and its answers
+
+
+def test_ctrl_c_with_stop_on_interrupt_says_so_when_the_stop_gets_no_answer(capsys):
+    import pytest
+
+    from raytrain.cli.submit import _follow
+    from raytrain.errors import ClusterError
+    from raytrain.targets.base import JobHandle
+    from rich.console import Console
+
+    class Target:
+        def follow(self, job_id, on_text):
+            raise KeyboardInterrupt
+
+        def stop(self, job_id):
+            raise ClusterError("job stop: no answer from http://h:8265 within 120 s (an overloaded or stuck "
+                               "dashboard?); try again")
+
+        def reconnect_flags(self):
+            return ["--address", "http://h:8265"]
+
+    with pytest.raises(SystemExit) as ended:
+        _follow(Console(width=300), Target(), JobHandle("address", "http://h:8265", "raytrain-cnn-1", "cnn"), quiet=True,
+                verbose=False, stop_on_interrupt=True)
+    assert ended.value.code == 130
+    out = capsys.readouterr().out
+    assert "raytrain: could not stop raytrain-cnn-1: job stop: no answer from http://h:8265 within 120 s" in out
+    assert "stop:   raytrain jobs stop raytrain-cnn-1 --address http://h:8265" in out

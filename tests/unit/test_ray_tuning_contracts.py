@@ -171,6 +171,8 @@ def elastic_fresh_view():
     elastic = attr("ray.train.v2._internal.execution.scaling_policy.elastic.ElasticScalingPolicy")
     assert params(elastic.make_decision_for_non_running_worker_group) == {"self"}
     assert params(elastic._maybe_send_resource_request) == {"self"}
+    assert params(elastic._count_possible_workers) == {"self", "reserved_resources"}
+    assert "_count_possible_workers" in inspect.getsource(elastic.make_decision_for_non_running_worker_group)
     assert elastic.GET_RESERVED_RESOURCES_INTERVAL_S > 0
     source = inspect.getsource(elastic._get_reserved_resources)
     for name in ("_latest_reserved_resources_query_time", "_latest_reserved_resources", "_autoscaling_coordinator",
