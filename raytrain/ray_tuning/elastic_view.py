@@ -1,8 +1,7 @@
 """An elastic run sizes each start and restart by the cluster's nodes now (the ``elastic_fresh_view`` tuning).
 
 Ray Train's elastic policy takes a group's size from what Ray's AutoscalingCoordinator (a detached actor
-shared by Ray Train and Ray Data) reserves for the run. Two ways that view lags the cluster, each measured on
-the two-node test cluster:
+shared by Ray Train and Ray Data) reserves for the run. Two ways that view lags the cluster:
 - The coordinator reads the nodes only on its 20 s tick: for up to 20 s after a node joins it reserves as if
   the node were not there, so an elastic job submitted then started on fewer workers than the cluster had
   (and grew, with a restart, after Ray Train's 60 s resize interval). Ray's coordinator offers the fix itself,
