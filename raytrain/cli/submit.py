@@ -205,17 +205,16 @@ def _follow(console: Console, target, handle, *, quiet: bool, verbose: bool, sto
         with printer:
             return api.wait(handle, target, on_text=printer.on_text, storage=storage, shown=printer.shown)
     except KeyboardInterrupt:
+        where = _target_flags(target)
         if stop_on_interrupt:
             try:
                 target.stop(handle.job_id)
             except ClusterError as exc:
-                where = _target_flags(target)
                 console.print(f"\nraytrain: could not stop {handle.job_id}: {exc}\n"
                               f"  stop:   raytrain jobs stop {handle.job_id}{where}")
                 sys.exit(130)
             console.print(f"\nraytrain: stopped {handle.job_id}")
         else:
-            where = _target_flags(target)
             console.print(
                 f"\nraytrain: {handle.job_id} keeps running.\n"
                 f"  follow: raytrain jobs logs {handle.job_id}{where} --follow\n"

@@ -81,13 +81,13 @@ def lean_trainer_class() -> type:
 
             def _initialize_and_run_controller(self, **controller_init_kwargs):
                 policy = controller_init_kwargs.get("scaling_policy")
-                if policy is not None and not coordinator_enabled(local_cluster=self._raytrain_local_cluster):
-                    policy = without_coordinator(policy)
-                if policy is not None and ray_tuning.on("elastic_fresh_view"):
-                    from raytrain.ray_tuning.elastic_view import fresh_view
-
-                    policy = fresh_view(policy)
                 if policy is not None:
+                    if not coordinator_enabled(local_cluster=self._raytrain_local_cluster):
+                        policy = without_coordinator(policy)
+                    if ray_tuning.on("elastic_fresh_view"):
+                        from raytrain.ray_tuning.elastic_view import fresh_view
+
+                        policy = fresh_view(policy)
                     controller_init_kwargs["scaling_policy"] = policy
                 return super()._initialize_and_run_controller(**controller_init_kwargs)
 

@@ -47,6 +47,21 @@ JOBS_API_CALL_S = 120.0
 VERSION_PROBE_WAIT_S = 8.0
 
 
+def _on_daemon_thread(fn: Callable, args: tuple, deliver: Callable[[bool, object], None], name: str) -> None:
+    """Start ``fn(*args)`` on a daemon thread, which hands ``deliver`` (True, its result) or (False, its
+    exception)."""
+    import threading
+
+    def run() -> None:
+        try:
+            outcome = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
+            outcome = (False, exc)
+        deliver(*outcome)
+
+    threading.Thread(target=run, daemon=True, name=name).start()
+
+
 def _bounded(fn: Callable, *args, timeout_s: float):
     """``fn(*args)`` on a daemon thread, given up (TimeoutError) after ``timeout_s``; its own exception re-raised
     here. A call given up on is left to end by itself (or with the process)."""
@@ -55,15 +70,11 @@ def _bounded(fn: Callable, *args, timeout_s: float):
     outcome: list = []
     done = threading.Event()
 
-    def run() -> None:
-        try:
-            outcome.append((True, fn(*args)))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome.append((False, exc))
-        finally:
-            done.set()
+    def deliver(ok: bool, value) -> None:
+        outcome.append((ok, value))
+        done.set()
 
-    threading.Thread(target=run, daemon=True, name="raytrain-jobs-api").start()
+    _on_daemon_thread(fn, args, deliver, "raytrain-jobs-api")
     if not done.wait(timeout_s):
         raise TimeoutError(f"no answer within {timeout_s:g} s")
     ok, value = outcome[0]
@@ -75,8 +86,6 @@ def _bounded(fn: Callable, *args, timeout_s: float):
 async def _in_daemon_thread(fn: Callable, *args, timeout_s: float):
     """``fn(*args)`` on a daemon thread, given up (TimeoutError) after ``timeout_s``: a hung call neither
     blocks the follow nor, as ``asyncio.to_thread``'s executor would, the interpreter's exit."""
-    import threading
-
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
@@ -84,15 +93,11 @@ async def _in_daemon_thread(fn: Callable, *args, timeout_s: float):
         if not done.done():
             (done.set_result if ok else done.set_exception)(value)
 
-    def run() -> None:
-        try:
-            outcome = (True, fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
-            outcome = (False, exc)
+    def deliver(ok: bool, value) -> None:
         with contextlib.suppress(RuntimeError):  # the follow gave up on it and its loop is closed
-            loop.call_soon_threadsafe(settle, *outcome)
+            loop.call_soon_threadsafe(settle, ok, value)
 
-    threading.Thread(target=run, daemon=True, name="raytrain-follow-status").start()
+    _on_daemon_thread(fn, args, deliver, "raytrain-follow-status")
     try:
         return await asyncio.wait_for(done, timeout_s)
     except asyncio.TimeoutError:
