@@ -41,6 +41,7 @@ SKIPPED = "skipped"  # rank 0: every rank skipped an optimizer step: a non-finit
 REFUSED = "checkpoint_refused"  # rank 0: a checkpoint was not written: the weights are non-finite
 ROLLBACK = "rollback"  # rank 0: --rollback-after bad steps in a row: back to the last checkpoint, their rows skipped
 CHECKPOINT_STALL = "checkpoint_stall"  # rank 0: seconds the step paid for a checkpoint (stall_s), with its time
+LOG_END = "log_end"  # every rank, the last line of a train function that returned: the driver waits for them all
 PREEMPTED = "preempted"  # the rank that got a preemption notice: the checkpoint it led to (or why none), its save time
 
 

@@ -461,6 +461,9 @@ def connect() -> Job:
 
     # Ray's "Connecting to existing Ray cluster ..." lines only with `submit -v`.
     quiet = not settings.get("RAYTRAIN_VERBOSE")
+    from raytrain.runtime.driver import log_drain
+
+    log_drain.install()  # before Ray's thread that prints the workers' lines starts
     ray.init(log_to_driver=True, runtime_env=_pinned_address(), logging_level=logging.WARNING if quiet else logging.INFO)
     return Job(plan, run_name)
 
@@ -611,6 +614,9 @@ def fit(job: Job) -> Outcome:
         if dog is not None:
             dog.stopped.set()
     wait_for_stop()
+    from raytrain.runtime.driver import log_drain
+
+    log_drain.wait()
     checkpoint = getattr(result, "checkpoint", None)
     return Outcome(events.FINISHED, {"time": round(time.time(), 3), "metrics": result.metrics, "path": getattr(result, "path", None),
                                      "checkpoint": getattr(checkpoint, "path", None)}, 0)

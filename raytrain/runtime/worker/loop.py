@@ -21,8 +21,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     except Exception as exc:  # its traceback once, from the job's own frames
         worker_errors.print_failure(exc, rank=_rank())
         raise
+    else:  # after this rank's last line: the driver ends the job once it read it (runtime.driver.log_drain)
+        _log_end()
     finally:  # returned or raised: the controller's next poll says so (raytrain.ray_tuning.prompt_poll)
         prompt_poll.ask()
+
+
+def _log_end() -> None:
+    import sys
+
+    import ray.train
+
+    from raytrain import events
+
+    sys.stderr.flush()
+    train_ctx = ray.train.get_context()
+    events.emit(events.LOG_END, rank=train_ctx.get_world_rank(), world_size=train_ctx.get_world_size())
 
 
 def _rank() -> int | None:
