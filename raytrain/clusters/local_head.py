@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,24 +124,45 @@ def up(
     token_path = _fresh_token()
     log_path = paths.home() / "cluster.log"
     cmd = head + ray_process.start_flags(num_cpus, num_gpus, node_ip, resources)
-    proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path, extra_env=_address_env(node_ip))
-    cluster = LocalHeadRecord(
-        pid=proc.pid,
-        pid_started=ray_process.started_at(proc.pid),
-        dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-        gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
-        temp_dir=str(temp_dir),
-        token_path=str(token_path),
-        log_path=str(log_path),
-        started_at=time.time(),
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        node_ip=node_ip,
-        resources=resources,
-    )
-    _wait_until_up(cluster, proc, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    for attempt in range(1, START_ATTEMPTS + 1):
+        proc = ray_process.spawn(cmd, token_path=token_path, log_path=log_path, extra_env=_address_env(node_ip))
+        cluster = LocalHeadRecord(
+            pid=proc.pid,
+            pid_started=ray_process.started_at(proc.pid),
+            dashboard_url=f"http://127.0.0.1:{dashboard_port}",
+            gcs_address=f"{node_ip or '127.0.0.1'}:{port}",
+            temp_dir=str(temp_dir),
+            token_path=str(token_path),
+            log_path=str(log_path),
+            started_at=time.time(),
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            node_ip=node_ip,
+            resources=resources,
+        )
+        try:
+            _wait_until_up(cluster, proc, deadline - time.monotonic())
+            break
+        except RayletLate as exc:
+            if attempt == START_ATTEMPTS or deadline - time.monotonic() < RAYLET_WAIT_S:
+                raise ClusterError(f"{exc} (tried {attempt} time(s) within {timeout_s:.0f} s)") from None
+            print(f"raytrain: {exc}; starting it once more", file=sys.stderr, flush=True)
     _record_path().write_text(json.dumps(cluster.to_dict(), indent=2))
     return cluster, True
+
+
+class RayletLate(ClusterError):
+    """``ray start`` gave up on its raylet registering (Ray's fixed wait): a loaded machine, worth another try."""
+
+
+RAYLET_LATE = "The current node timed out during startup"  # ray start's words (ray/_private/node.py)
+RAYLET_WAIT_S = 30.0  # ray start's fixed wait for that (not a setting of Ray's)
+START_ATTEMPTS = 2
+
+
+def raylet_was_late(log_text: str) -> bool:
+    return RAYLET_LATE in log_text
 
 
 def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
@@ -215,6 +237,9 @@ def _wait_until_up(cluster: LocalHeadRecord, proc, timeout_s: float) -> None:
         if proc.poll() is not None:
             ray_process.reap_group(proc.pid)  # what it started before failing must not hold the ports
             tail = ray_process.log_tail(log_path)
+            if raylet_was_late(tail):
+                raise RayletLate(f"Ray's raylet did not register within Ray's fixed {RAYLET_WAIT_S:.0f} s (a loaded "
+                                 f"machine?); see {log_path}")
             raise ClusterError(f"`ray start --head` exited with {proc.returncode}; its log ({log_path}):\n{tail}")
         try:
             dashboard.get("/api/version", timeout=2)
