@@ -156,7 +156,7 @@ class RayletLate(ClusterError):
     """``ray start`` gave up on its raylet registering (Ray's fixed wait): a loaded machine, worth another try."""
 
 
-RAYLET_LATE = "The current node timed out during startup"  # ray start's words (ray/_private/node.py)
+RAYLET_LATE = "The current node timed out during startup"  # what `ray start` says then (its node module)
 RAYLET_WAIT_S = 30.0  # ray start's fixed wait for that (not a setting of Ray's)
 START_ATTEMPTS = 2
 
@@ -187,11 +187,17 @@ def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
         # Ray's fixed defaults (client server 10001, agent 52365) would collide with another cluster on
         # this machine (a developer's own, or a test suite's): derive them from the dashboard port.
         offset = dashboard_port - 8265
-        cmd += [
-            f"--ray-client-server-port={20001 + offset % 10000}",
-            f"--dashboard-agent-listen-port={52365 + offset % 10000}",
-        ]
+        # A derived port may equal one given (--port 53129 with --dashboard-port 59029: the agent's is 53129 too)
+        client = _unused(20001 + offset % 10000, {port, dashboard_port})
+        agent = _unused(52365 + offset % 10000, {port, dashboard_port, client})
+        cmd += [f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}"]
     return cmd
+
+
+def _unused(port: int, taken: set[int]) -> int:
+    while port in taken:
+        port += 1
+    return port
 
 
 def _address_env(node_ip: str | None) -> dict[str, str]:

@@ -45,3 +45,12 @@ def test_a_late_raylet_is_tried_once_more_then_refused_with_its_reason(raytrain_
     with pytest.raises(ClusterError, match=r"tried 1 time\(s\) within 20 s"):
         local_head.up(port=port, dashboard_port=dashboard, timeout_s=20)
     assert len(spawned) == 1
+
+
+def test_the_ports_derived_from_the_dashboards_never_equal_a_port_given(tmp_path):
+    # CI drew --port 53129 and --dashboard-port 59029: the agent's derived port was 53129 too, and Ray refused
+    ports = local_head._ports_of(local_head._head_command(53129, 59029, tmp_path))
+    assert ports["--port"] == 53129 and ports["--dashboard-port"] == 59029
+    assert len(set(ports.values())) == 4 and ports["--dashboard-agent-listen-port"] == 53130, ports
+    ports = local_head._ports_of(local_head._head_command(20001, 38265, tmp_path))
+    assert ports["--ray-client-server-port"] == 20002 and len(set(ports.values())) == 4, ports
