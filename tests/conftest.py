@@ -1,7 +1,10 @@
+import fcntl
+import importlib.util
 import json
 import os
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -84,6 +87,70 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("-", "not run on this machine")
         for reason, count in sorted(reasons.items()):
             terminalreporter.write_line(f"{count:4d} skipped: {reason}")
+
+
+# -- tests side by side (`pytest -n 2`, pytest-xdist) ------------------------------------------------------
+# The e2e tests wait on Ray more than they use the cores, so two run at once, each xdist worker with its own
+# session cluster (tests/e2e/conftest.py). A work unit is a test file (its module fixtures are set up once),
+# or a whole folder for the tests that share one fixed thing: tests/multinode its network namespace and
+# addresses, tests/k8s the API server's objects. Long units go first (the two-node tests, then the e2e files),
+# the unit tests last, where they fill the gaps. A test marked `alone` measures time (a rank's speed against
+# the others'): it runs with no other test at the same time.
+FOLDER_UNITS = ("multinode", "k8s")
+ORDER = ("multinode", "e2e", "k8s", "bench", "unit")  # under -n; other folders after these
+
+
+def _folder(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/e2e/conftest.py orders its own block
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out units in this order
+        rank = {name: i for i, name in enumerate(ORDER)}
+        items.sort(key=lambda item: rank.get(_folder(item.nodeid), len(ORDER)))
+
+
+if importlib.util.find_spec("xdist") is not None:  # the test extra installs it; plain pytest runs without
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            folder = _folder(nodeid)
+            return f"tests/{folder}" if folder in FOLDER_UNITS else nodeid.split("::", 1)[0]
+
+    def pytest_xdist_make_scheduler(config, log):
+        config.option.loadscopereorder = False  # the collection's order (above), not the units' sizes
+        return _Units(config, log)
+
+
+@contextmanager
+def _side_by_side(folder: Path, alone: bool):
+    """Shared hold of the room for a test, exclusive for an `alone` one. Everyone passes the gate one at a
+    time, so an `alone` test waiting for the room keeps new tests out rather than waiting behind them. The
+    wait is bounded by the other worker's test, which pytest-timeout bounds."""
+    with open(folder / "side-by-side.gate", "a") as gate, open(folder / "side-by-side.room", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not hasattr(item.config, "workerinput"):  # not an xdist worker: nothing runs beside this test
+        yield
+        return
+    # The workers' base temp folders are siblings (.../pytest-N/popen-gwK): their parent is the run's own
+    folder = item.config._tmp_path_factory.getbasetemp().parent
+    with _side_by_side(folder, alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 # -- the suite's clusters --------------------------------------------------------------------------------

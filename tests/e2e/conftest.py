@@ -43,7 +43,11 @@ class CLI:
 
 
 @pytest.fixture(scope="session")
-def e2e_env():
+def e2e_env(request):
+    workers = getattr(request.config, "workerinput", {}).get("workercount", 1)
+    if workers > 1 and (os.environ.get("RAYTRAIN_TEST_PORT") or os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT")):
+        pytest.fail(f"RAYTRAIN_TEST_PORT / RAYTRAIN_TEST_DASHBOARD_PORT pin one cluster's ports, and with -n {workers} "
+                    f"each worker starts its own cluster: run with -n 0, or unset them (free ports are picked)")
     home = Path(tempfile.mkdtemp(prefix="raytrain-e2e-"))
     temp_dir = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short: Ray's socket paths
     port = os.environ.get("RAYTRAIN_TEST_PORT") or str(free_port())

@@ -10,7 +10,7 @@ from raytrain import events, straggler
 from tests.e2e.test_hang import wait_for
 from tests.e2e.test_submit import job_id_of
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]  # a rank's speed against the other's
 
 JOB = __import__("pathlib").Path(__file__).parent / "jobs" / "straggler.py"
 FLAGS = ["--workers", "2", "--zero", "0", "--micro-batch", "4"]

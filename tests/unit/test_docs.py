@@ -92,15 +92,19 @@ def test_no_work_log_wording(page):
     assert not found, f"{page.relative_to(ROOT)} reads like a work log: {found} (dated figures: docs/benchmarks.md)"
 
 
+TEST_COMMAND = ".venv/bin/python -m pytest -n 2"
+
+
 def test_the_quick_start_commands_are_the_ones_ci_runs():
     """One command sets up and runs the main job, one runs the tests; .ci/run does the same two steps."""
     text = README.read_text()
     setup = ("bash scripts/install.sh && .venv/bin/raytrain submit jobs/gpt_zero.py --workers 2 --zero 3 "
              "--precision bf16 --grad-accum 4")
     assert setup in text
-    assert "\n.venv/bin/python -m pytest\n" in text
+    test = TEST_COMMAND
+    assert f"\n{test}\n" in text
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "bash scripts/install.sh" in ci and ".venv/bin/python -m pytest" in ci
+    assert "bash scripts/install.sh" in ci and f"\nCI=true {test} " in ci  # the same command (+ CI's report flags)
     assert (ROOT / "scripts" / "install.sh").exists() and (ROOT / "jobs" / "gpt_zero.py").exists()
 
 

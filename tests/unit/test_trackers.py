@@ -33,7 +33,9 @@ def scalars(logdir, tag):
 
     acc = EventAccumulator(str(logdir))
     acc.Reload()
-    return [(e.step, round(e.value, 4)) for e in acc.Scalars(tag)]
+    # By step: the accumulator reads an attempt's event files in name order, and a writer's name ends in a
+    # per-process counter (".9" sorts after ".10"), so a second attempt in the same process can come first
+    return sorted(((e.step, round(e.value, 4)) for e in acc.Scalars(tag)), key=lambda sv: sv[0])
 
 
 def test_tensorboard_and_mlflow_one_run_one_value_per_step_across_a_restart(tmp_path):
