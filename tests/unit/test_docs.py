@@ -101,10 +101,9 @@ def test_the_quick_start_commands_are_the_ones_ci_runs():
     setup = ("bash scripts/install.sh && .venv/bin/raytrain submit jobs/gpt_zero.py --workers 2 --zero 3 "
              "--precision bf16 --grad-accum 4")
     assert setup in text
-    test = TEST_COMMAND
-    assert f"\n{test}\n" in text
+    assert f"\n{TEST_COMMAND}\n" in text
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "bash scripts/install.sh" in ci and f"\nCI=true {test} " in ci  # the same command (+ CI's report flags)
+    assert "bash scripts/install.sh" in ci and f"\nCI=true {TEST_COMMAND} " in ci  # the same command (+ CI's report flags)
     assert (ROOT / "scripts" / "install.sh").exists() and (ROOT / "jobs" / "gpt_zero.py").exists()
 
 
