@@ -71,10 +71,15 @@ def test_a_drained_node_commits_the_step_in_progress_and_the_run_resumes_from_it
     assert preempted["message"].startswith(
         f"preempted: node drain on rank {on_node2['rank']} (node {two_nodes.node2_ip})"), preempted
     assert preempted["saved"] is True and preempted["step"] == 6 and 0 < preempted["deadline_s"] <= 300, preempted
-    assert facts.checkpoints == [6, 10], facts.checkpoints
+    assert facts.checkpoints == [6, 10], (facts.checkpoints, _warnings(cli, info["id"]))
     steps = [m["step"] for m in facts.metrics]
     assert sorted(set(steps)) == list(range(1, 11)) and len(steps) - len(set(steps)) <= 1, steps
     assert_same_weights(cli, shared, info["id"], base["id"], tmp_path)
+
+
+def _warnings(cli, job):
+    """The job's warning lines (e.g. the driver's, that a rank's last lines did not reach the log)."""
+    return [line for line in cli("jobs", "logs", job, "-v").stdout.splitlines() if "warning" in line]
 
 
 def assert_same_weights(cli, storage, run, base_run, tmp_path):

@@ -78,3 +78,56 @@ def test_the_watched_stream_is_the_stream_to_its_users(seen, tmp_path):
         watched = log_drain._Watched(f, seen)
         assert watched.fileno() == f.fileno() and watched.encoding == f.encoding and watched.writable()
         assert watched.isatty() is False and watched.write("x\n") == 2
+
+
+def _record(folder, who, timed_events):
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"events-{who}.log", "a") as f:
+        for t, kind, data in timed_events:
+            f.write(f"{t:.6f} {events.format_event(kind, **data)}\n")
+
+
+def test_a_ranks_events_the_log_never_got_are_copied_from_the_runs_record(seen, tmp_path, monkeypatch, capsys):
+    # CI (tests/multinode/test_drain.py under load): the job succeeded, but rank 0's last checkpoint event never
+    # reached the job's log, so the job's facts missed a committed checkpoint
+    folder = tmp_path / "run" / "raytrain"
+    now = seen.since + 1
+    _record(folder, "rank-0", [(seen.since - 100, events.CHECKPOINT, {"step": 2}),  # an earlier driver's run
+                               (now, events.METRICS, {"step": 9}), (now + 1, events.CHECKPOINT, {"step": 10}),
+                               (now + 2, events.LOG_END, {"rank": 0, "world_size": 2})])
+    _record(folder, "rank-1", [(now, events.LOG_END, {"rank": 1, "world_size": 2})])
+    _record(folder, "driver", [(now, events.STARTED, {"name": "run"})])
+    monkeypatch.setattr(events, "_record", str(folder / "events-driver.log"))
+    watched = log_drain._Watched(io.StringIO(), seen)
+    monkeypatch.setattr(log_drain.sys, "stdout", watched)
+    watched.write("(RayTrainWorker pid=7) " + events.format_event(events.CHECKPOINT, step=2) + "\n")
+    watched.write("(RayTrainWorker pid=7) " + events.format_event(events.METRICS, step=9) + "\n")
+    watched.write("(RayTrainWorker pid=8) " + events.format_event(events.LOG_END, rank=1, world_size=2) + "\n")
+
+    assert log_drain.wait(drain_s=5, quiet_s=0.2) == [0]
+    out = watched._stream.getvalue().splitlines()
+    copied = out[3:]
+    assert [events.parse_line(line)["event"] for line in copied] == [events.CHECKPOINT, events.LOG_END], copied
+    assert copied[0].startswith("(rank 0, from the run's record) @@raytrain ")
+    facts = events.JobFacts.from_lines(out)
+    assert facts.checkpoints == [2, 10] and [m["step"] for m in facts.metrics] == [9]  # nothing twice
+    assert "2 of their events were copied here from the run's record" in capsys.readouterr().err
+
+
+def test_with_rank_0s_world_unknown_every_ranks_record_is_read_and_nothing_seen_is_copied(seen, tmp_path, monkeypatch):
+    folder = tmp_path / "raytrain"
+    now = seen.since + 1
+    _record(folder, "rank-0", [(now, events.CHECKPOINT, {"step": 4}), (now, events.LOG_END, {"rank": 0, "world_size": 2})])
+    _record(folder, "rank-1", [(now, events.LOG_END, {"rank": 1, "world_size": 2})])
+    watched = log_drain._Watched(io.StringIO(), seen)
+    monkeypatch.setattr(log_drain.sys, "stdout", watched)
+    watched.write("(pid=8) " + events.format_event(events.LOG_END, rank=1, world_size=2) + "\n")
+    assert log_drain.replay([0], folder) == 2
+    assert log_drain.replay([0], folder) == 0  # what it copied is in the log now
+    assert log_drain.replay([0], None) == 0 and log_drain.replay([0], tmp_path / "absent") == 0
+
+
+def test_event_texts_split_joined_events_and_drop_rays_prefix():
+    a, b = events.format_event(events.METRICS, step=1), events.format_event(events.STARTED, name="x")
+    assert log_drain.event_texts(f"(RayTrainWorker pid=1, ip=10.0.0.2) {a}{b}  ") == [a, b]
+    assert log_drain.event_texts("no event here") == []

@@ -6,19 +6,26 @@ driver that ends as soon as ``fit()`` returns loses whatever is still in flight:
 lines each at the end of training left 93,000 in the job's log. So every rank ends a train function that
 returned with a ``log_end`` event (``raytrain.runtime.worker.loop``), the driver watches its own stdout for them
 (:func:`install`), and after training :func:`wait` holds the outcome until every rank's has arrived: as long as
-forwarded lines keep coming, at most ``DRAIN_S`` in all. What still misses is in each rank's own log.
+forwarded lines keep coming, at most ``DRAIN_S`` in all. Where a rank's last lines still did not come (a
+node's log monitor starved on a loaded machine), its events that never reached the log are copied into it from
+the run's record (each rank appended them there itself), so the job's facts lose none; its other lines are in
+its own log.
 """
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import time
+from pathlib import Path
 
 from raytrain import events
 
 DRAIN_S = 120.0  # the most the driver waits for the workers' lines after training returned
 QUIET_S = 10.0  # ... and it stops sooner when no forwarded line arrived for this long
 _NEEDLE = f'"event":"{events.LOG_END}"'
+RECENT = 50_000  # the event lines remembered as seen (the record's lines a rank lost are its last ones)
+REPLAY_MAX = 2_000  # at most this many of a rank's last recorded lines are copied into the log
 
 
 class _Watched:
@@ -45,6 +52,9 @@ class Seen:
         self.cond = threading.Condition()
         self.last_line = time.monotonic()
         self.ends: dict[int, int] = {}  # rank -> the world size it ended in
+        self.recent: collections.deque[str] = collections.deque(maxlen=RECENT)  # event texts, oldest first
+        self.recent_set: collections.Counter[str] = collections.Counter()
+        self.since = time.time()  # record lines older than this process are not this driver's to copy
 
     def wrote(self, stream: _Watched, text: str) -> None:
         with self.cond:
@@ -53,6 +63,9 @@ class Seen:
             stream._partial = lines.pop()[-65536:]  # what follows the last newline (a huge unended line: its end)
             found = False
             for line in lines:
+                if events.MARKER in line:
+                    for text in event_texts(line):
+                        self._remember(text)
                 if _NEEDLE in line:
                     for event in events.parse_events(line):
                         if event.get("event") == events.LOG_END and isinstance(event.get("rank"), int):
@@ -60,6 +73,19 @@ class Seen:
                             found = True
             if found:
                 self.cond.notify_all()
+
+    def _remember(self, text: str) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            old = self.recent[0]
+            self.recent_set[old] -= 1
+            if self.recent_set[old] <= 0:
+                del self.recent_set[old]
+        self.recent.append(text)
+        self.recent_set[text] += 1
+
+    def seen_text(self, text: str) -> bool:
+        with self.cond:
+            return text in self.recent_set
 
     def missing(self) -> list[int]:
         """The ranks whose ``log_end`` has not arrived, of the world rank 0's says (all unknown: [0])."""
@@ -70,6 +96,12 @@ class Seen:
 
 
 SEEN = Seen()
+
+
+def event_texts(line: str) -> list[str]:
+    """Each ``@@raytrain {json}`` on a line, as text (Ray's prefix off; two joined events apart)."""
+    parts = line.split(events.MARKER)[1:]
+    return [events.MARKER + part.rstrip() for part in parts if part.strip()]
 
 
 def install() -> None:
@@ -95,7 +127,50 @@ def wait(drain_s: float = DRAIN_S, quiet_s: float = QUIET_S) -> list[int]:
         missing = SEEN.missing()
     if missing:
         why = f"within {drain_s:g} s" if time.monotonic() >= deadline else f"(no line came for {quiet_s:g} s)"
+        copied = replay(missing, record_folder())
+        from_record = f"; {copied} of their events were copied here from the run's record" if copied else ""
         print(f"raytrain: warning: the last lines of rank(s) {', '.join(map(str, missing))} did not reach the "
-              f"job's log {why} after training ended; each rank's own log has them: "
+              f"job's log {why} after training ended{from_record}; each rank's own log has every line: "
               "raytrain jobs logs JOB --rank N", file=sys.stderr, flush=True)
     return missing
+
+
+def record_folder() -> Path | None:
+    """The run's record folder (where this driver records its own events), None where the run keeps none."""
+    path = events.recording()
+    return Path(path).parent if path else None
+
+
+def replay(ranks: list[int], folder: Path | None) -> int:
+    """Print the events each rank recorded (``events-rank-N.log``) after the last one the log got from it,
+    oldest first, and return how many. ``ranks`` [0] with rank 0's world unknown: every rank's record."""
+    if folder is None or not folder.is_dir():
+        return 0
+    if SEEN.ends.get(0) is None:
+        files = sorted(folder.glob("events-rank-*.log"))
+    else:
+        files = [folder / f"events-rank-{r}.log" for r in ranks]
+    copied = 0
+    for path in files:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        lost: list[str] = []
+        for line in reversed(lines[-REPLAY_MAX:]):
+            stamp, _, rest = line.partition(" ")
+            try:
+                if float(stamp) < SEEN.since:
+                    break
+            except ValueError:
+                continue
+            texts = event_texts(rest)
+            if not texts or any(SEEN.seen_text(t) for t in texts):
+                break  # the log has this one: so it has those before it (one file, one order)
+            lost.append(rest)
+        rank = path.stem.removeprefix("events-rank-")
+        for rest in reversed(lost):
+            sys.stdout.write(f"(rank {rank}, from the run's record) {rest}\n")
+        sys.stdout.flush()
+        copied += len(lost)
+    return copied
