@@ -112,10 +112,8 @@ class KubeRayPortForwardTarget(RayJobsApiTarget):
         if forwarder is not None:
             forwarder.close()
 
-    @property
-    def client(self):
+    def _ready(self) -> None:
         self.open()
-        return super().client
 
     def check_versions(self, timeout_s: float | None = None) -> list[str]:
         self.open()  # the cluster's dashboard answers only through the tunnel

@@ -105,11 +105,9 @@ class LocalTarget(RayJobsApiTarget):
     def check_versions(self) -> list[str]:
         return []  # the local cluster runs this machine's Python and packages: pyproject.toml's pins hold
 
-    @property
-    def client(self):
+    def _ready(self) -> None:
         if self.cluster is None:
             raise ClusterError("the local Ray cluster is not running; start it with `raytrain cluster up`")
-        return super().client
 
     def nodes(self, request: Request | None = None) -> list[Node]:
         return [] if self.cluster is None else super().nodes(request)

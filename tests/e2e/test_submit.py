@@ -397,3 +397,19 @@ def test_a_job_of_a_cluster_that_is_gone_is_read_from_its_record(cli):
     assert last.startswith("raytrain: training finished") and f"step {steps}" in logs.stdout, logs.stdout
     assert "the run's record in " in logs.stderr, logs.stderr
     assert cli("jobs", "status", "raytrain-no-such-job").returncode == 2
+
+
+def test_jobs_reads_answer_without_rays_job_client(cli):
+    """`jobs list|status|logs` read the Jobs REST API directly: Ray's client (and Ray with it) is half a
+    second of CPU on every command."""
+    import subprocess
+    import sys
+
+    jobs = cli.json("jobs", "list")
+    assert jobs, "the suite's earlier tests ran jobs on this cluster"
+    for args in (["jobs", "list", "--json"], ["jobs", "status", jobs[0]["id"], "--json"], ["jobs", "logs", jobs[0]["id"]]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "raytrain.cli.main", *args], env=cli.env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        assert "ray.job_submission" not in imported and "ray" not in imported, args

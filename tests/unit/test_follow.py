@@ -21,7 +21,7 @@ class Status:
 
 
 class FakeJobs:
-    """Ray's JobSubmissionClient as it behaves: the job ends ``exit_s`` after printing its last chunk; the
+    """Ray's JobSubmissionClient (and raytrain's reads of the Jobs REST API) as they behave: the job ends ``exit_s`` after printing its last chunk; the
     tail goes on for ``tail_after_s`` after the job has ended before it stops."""
 
     def __init__(self, chunks, *, exit_s=0.3, tail_after_s=30.0, tail_gets_rest=False):
@@ -31,8 +31,8 @@ class FakeJobs:
     def get_job_info(self, job_id):
         return Status(False)
 
-    def get_job_status(self, job_id):
-        return Status(self.ended_at is not None and time.monotonic() >= self.ended_at)
+    def get_job_status(self, job_id):  # the Jobs REST API's status value
+        return "SUCCEEDED" if self.ended_at is not None and time.monotonic() >= self.ended_at else "RUNNING"
 
     def get_job_logs(self, job_id):
         return "".join(self.chunks) + AFTER
@@ -49,7 +49,7 @@ class FakeJobs:
 
 def follow(fake, **kw):
     target = RayJobsApiTarget("http://127.0.0.1:1", token="")
-    target._client = fake
+    target._client = target._rest = fake  # Ray's client (the tail) and the REST reads
     seen = []
     start = time.monotonic()
     target.follow("job", seen.append, **kw)
@@ -123,7 +123,7 @@ class FailingStatus(FakeJobs):
         self.calls += 1
         if self.failures is None or self.calls <= self.failures:
             raise RuntimeError("Request failed with status code 500: the job agent is gone")
-        return Status(True)
+        return "SUCCEEDED"
 
 
 def fast_give_up(monkeypatch, seconds=0.5):
@@ -197,7 +197,7 @@ def test_a_tail_that_outlives_the_job_without_the_last_word_is_cut(monkeypatch):
 
 
 def test_a_jobs_api_call_that_hangs_is_given_up_naming_the_call(monkeypatch):
-    """Ray's job client sets no timeout of its own: a dashboard that never answers a stop, a status or a log
+    """The Jobs API calls set no timeout that bounds a whole answer: a dashboard that never answers a stop, a status or a log
     read must not hang the command."""
     import pytest
 
@@ -214,7 +214,7 @@ def test_a_jobs_api_call_that_hangs_is_given_up_naming_the_call(monkeypatch):
             raise RuntimeError("Job job does not exist")
 
     target = RayJobsApiTarget("http://127.0.0.1:1", token="")
-    target._client = Hangs([STARTED])
+    target._client = target._rest = Hangs([STARTED])
     start = time.monotonic()
     with pytest.raises(ClusterError, match=r"^job stop: no answer from http://127.0.0.1:1 within 0 s"):
         target.stop("job")
