@@ -51,10 +51,10 @@ TERMINAL = ("STOPPED", "SUCCEEDED", "FAILED")  # Ray's JobStatus values of an en
 
 
 class JobsRest:
-    """The Jobs API's reads and stop as Ray's client sends them (``GET /api/jobs/``, ``GET /api/jobs/{id}``,
-    ``GET /api/jobs/{id}/logs``, ``POST /api/jobs/{id}/stop``: Ray's documented REST API), without importing
-    Ray's client (``ray.job_submission`` and Ray with it: 0.5 s of CPU, half of a `jobs status|logs|list`
-    command). Errors read as Ray's client's do; each call is bounded by the caller (``_call``)."""
+    """The Jobs API's reads, log tail and stop as Ray's client sends them (``GET /api/jobs/``,
+    ``GET /api/jobs/{id}``, ``GET /api/jobs/{id}/logs``, the websocket ``/api/jobs/{id}/logs/tail``,
+    ``POST /api/jobs/{id}/stop``: Ray's documented REST API), without importing Ray's client
+    (``ray.job_submission`` and Ray with it: 0.5 s of CPU, half of a `jobs status|logs|list` command). Errors read as Ray's client's do; each call is bounded by the caller (``_call``)."""
 
     def __init__(self, dashboard: Dashboard):
         self.dashboard = dashboard
@@ -82,6 +82,24 @@ class JobsRest:
 
     def stop_job(self, job_id: str) -> bool:
         return bool(self._request("POST", f"/api/jobs/{job_id}/stop")["stopped"])
+
+    async def tail_job_logs(self, job_id: str):
+        """The log as the driver writes it (the websocket ``/api/jobs/{id}/logs/tail``), chunk by chunk, until
+        the dashboard closes it; a connection lost or in error raises RuntimeError, as Ray's client's."""
+        import aiohttp
+
+        async with aiohttp.ClientSession(headers=self.dashboard.headers) as session:
+            ws = await session.ws_connect(f"{self.dashboard.address}/api/jobs/{job_id}/logs/tail")
+            while True:
+                msg = await ws.receive()
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    yield msg.data
+                elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                    if ws.close_code == aiohttp.WSCloseCode.ABNORMAL_CLOSURE:
+                        raise RuntimeError(f"WebSocket connection closed unexpectedly with close code {ws.close_code}")
+                    return
+                elif msg.type == aiohttp.WSMsgType.ERROR:
+                    raise RuntimeError(f"WebSocket error for job {job_id}: {ws.exception()}")
 
 
 @dataclasses.dataclass
@@ -469,7 +487,7 @@ class RayJobsApiTarget(Target):
         seen = LastWord()
 
         async def tail() -> None:
-            async for chunk in self.client.tail_job_logs(job_id):
+            async for chunk in self.rest.tail_job_logs(job_id):
                 seen.add(chunk)
                 on_text(chunk)
 
