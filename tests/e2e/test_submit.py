@@ -400,14 +400,16 @@ def test_a_job_of_a_cluster_that_is_gone_is_read_from_its_record(cli):
 
 
 def test_jobs_reads_answer_without_rays_job_client(cli):
-    """`jobs list|status|logs` read the Jobs REST API directly: Ray's client (and Ray with it) is half a
-    second of CPU on every command."""
+    """`jobs list|status|logs [--follow]` (and `submit`'s follow) use the Jobs REST API directly: Ray's client
+    (and Ray with it) is half a second of CPU on every command."""
     import subprocess
     import sys
 
     jobs = cli.json("jobs", "list")
     assert jobs, "the suite's earlier tests ran jobs on this cluster"
-    for args in (["jobs", "list", "--json"], ["jobs", "status", jobs[0]["id"], "--json"], ["jobs", "logs", jobs[0]["id"]]):
+    job = jobs[0]["id"]
+    for args in (["jobs", "list", "--json"], ["jobs", "status", job, "--json"], ["jobs", "logs", job],
+                 ["jobs", "logs", job, "--follow"]):  # an ended job's: the websocket tail, then the status
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "raytrain.cli.main", *args], env=cli.env,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr[-2000:]
