@@ -131,3 +131,13 @@ def test_event_texts_split_joined_events_and_drop_rays_prefix():
     a, b = events.format_event(events.METRICS, step=1), events.format_event(events.STARTED, name="x")
     assert log_drain.event_texts(f"(RayTrainWorker pid=1, ip=10.0.0.2) {a}{b}  ") == [a, b]
     assert log_drain.event_texts("no event here") == []
+
+
+def test_only_the_end_of_a_long_record_is_read(tmp_path):
+    path = tmp_path / "events-rank-0.log"
+    path.write_text("".join(f"{i} line-{i}\n" for i in range(100_000)))
+    assert log_drain._tail_lines(path, 3) == ["99997 line-99997", "99998 line-99998", "99999 line-99999"]
+    assert log_drain._tail_lines(path, 3, line_bytes=8) == ["99999 line-99999"]  # whole lines only
+    short = tmp_path / "short.log"
+    short.write_text("1 a\n2 b\n")
+    assert log_drain._tail_lines(short, 10) == ["1 a", "2 b"]

@@ -153,11 +153,11 @@ def replay(ranks: list[int], folder: Path | None) -> int:
     copied = 0
     for path in files:
         try:
-            lines = path.read_text(errors="replace").splitlines()
+            lines = _tail_lines(path, REPLAY_MAX)
         except OSError:
             continue
         lost: list[str] = []
-        for line in reversed(lines[-REPLAY_MAX:]):
+        for line in reversed(lines):
             stamp, _, rest = line.partition(" ")
             try:
                 if float(stamp) < SEEN.since:
@@ -174,3 +174,17 @@ def replay(ranks: list[int], folder: Path | None) -> int:
         sys.stdout.flush()
         copied += len(lost)
     return copied
+
+
+def _tail_lines(path: Path, count: int, line_bytes: int = 4096) -> list[str]:
+    """The last ``count`` whole lines of ``path``, reading no more than about ``count * line_bytes`` of its end
+    (a run of days records millions of lines)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        start = max(0, size - count * line_bytes)
+        f.seek(start)
+        data = f.read()
+    lines = data.decode(errors="replace").splitlines()
+    if start > 0 and lines:
+        lines = lines[1:]  # began mid-line
+    return lines[-count:]
