@@ -252,8 +252,25 @@ def test_a_failure_shows_the_ranks_traceback_while_its_log_copier_is_behind(cli,
     job_id = job_id_of(out)
     deadline = time.monotonic() + 60
     while "ValueError: the data path /nope" not in cli("jobs", "logs", job_id, "--rank", "0").stdout:
-        assert time.monotonic() < deadline, "the copier did not copy the rank's log within 60 s of going on"
+        assert time.monotonic() < deadline, (
+            "the copier did not copy the rank's log within 60 s of going on: " + _copier_state(cli, job_id, stopped))
         time.sleep(1)
+
+
+def _copier_state(cli, job_id, pid_file):
+    """What a failure of the copier test says (seen once in CI, 2026-12-07, under -n 2): the copier's process
+    state, and the ends of the rank's local log and of its copy in the storage."""
+    import tempfile
+
+    pid = pid_file.read_text().strip()
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:4]
+    except OSError as exc:
+        state = f"gone ({exc.strerror})"
+    local = sorted((Path(tempfile.gettempdir()) / f"raytrain-{os.getuid()}" / "rank-logs").glob(f"{job_id}-rank-0-*"))
+    copy = Path(cli.env["RAYTRAIN_HOME"]) / "runs" / job_id / "raytrain" / "logs" / "rank-0.log"
+    tails = {str(p): p.read_text(errors="replace")[-600:] for p in [*local, copy] if p.exists()}
+    return f"copier {pid}: {state}; files: {tails}"
 
 
 SLEEPY = Path(__file__).parent / "jobs" / "sleepy.py"
