@@ -54,7 +54,8 @@ class JobsRest:
     """The Jobs API's reads, log tail and stop as Ray's client sends them (``GET /api/jobs/``,
     ``GET /api/jobs/{id}``, ``GET /api/jobs/{id}/logs``, the websocket ``/api/jobs/{id}/logs/tail``,
     ``POST /api/jobs/{id}/stop``: Ray's documented REST API), without importing Ray's client
-    (``ray.job_submission`` and Ray with it: 0.5 s of CPU, half of a `jobs status|logs|list` command). Errors read as Ray's client's do; each call is bounded by the caller (``_call``)."""
+    (``ray.job_submission`` and Ray with it: 0.5 s of CPU, half of a `jobs status|logs|list` command). Errors
+    read as Ray's client's do; each call is bounded by the caller (``_call``)."""
 
     def __init__(self, dashboard: Dashboard):
         self.dashboard = dashboard
@@ -231,6 +232,7 @@ class RayJobsApiTarget(Target):
         self.address = self.dashboard.address
         self._client = None
         self._rest: JobsRest | None = None
+        self._version_checked = False
 
     # -- building the request (no side effects) ---------------------------------------------------
     def default_storage(self) -> str | None:
@@ -353,11 +355,18 @@ class RayJobsApiTarget(Target):
     def _ready(self) -> None:
         """Before the Jobs API is used: what a target needs first (a running cluster, an open tunnel)."""
 
+    def _check_version_once(self) -> None:
+        """The cluster's Ray version, checked once for ``client`` and ``rest`` together (fail fast, before a Jobs
+        API call)."""
+        if not self._version_checked:
+            self.check_ray_version(self.dashboard.check_reachable())
+            self._version_checked = True
+
     @property
     def client(self):
         self._ready()
         if self._client is None:
-            self.check_ray_version(self.dashboard.check_reachable())  # fail fast, before Ray's own client
+            self._check_version_once()
             import logging
 
             from ray.job_submission import JobSubmissionClient
@@ -378,7 +387,7 @@ class RayJobsApiTarget(Target):
         """The Jobs API's reads and stop (``JobsRest``), the cluster's Ray version checked first (as ``client``)."""
         self._ready()
         if self._rest is None:
-            self.check_ray_version(self.dashboard.check_reachable())
+            self._check_version_once()
             self._rest = JobsRest(self.dashboard)
         return self._rest
 
