@@ -172,8 +172,14 @@ class JobFacts:
         elif kind == ENGINE:
             self.engine = event
         elif kind == CHECKPOINT:
-            self.checkpoints.append(event.get("step"))
-            self.checkpoint_events.append(event)
+            # in step order (a job's commits are): one whose line Ray lost mid-run is copied from the run's record
+            # at the end of the job (runtime.driver.log_drain)
+            at = len(self.checkpoints)
+            step = event.get("step")
+            while at and isinstance(step, int) and isinstance(self.checkpoints[at - 1], int) and self.checkpoints[at - 1] > step:
+                at -= 1
+            self.checkpoints.insert(at, step)
+            self.checkpoint_events.insert(at, event)
         elif kind == PREFLIGHT:
             self.preflight = event
         elif kind == RESIZED:

@@ -122,9 +122,51 @@ def test_with_rank_0s_world_unknown_every_ranks_record_is_read_and_nothing_seen_
     watched = log_drain._Watched(io.StringIO(), seen)
     monkeypatch.setattr(log_drain.sys, "stdout", watched)
     watched.write("(pid=8) " + events.format_event(events.LOG_END, rank=1, world_size=2) + "\n")
-    assert log_drain.replay([0], folder) == 2
-    assert log_drain.replay([0], folder) == 0  # what it copied is in the log now
-    assert log_drain.replay([0], None) == 0 and log_drain.replay([0], tmp_path / "absent") == 0
+    assert log_drain.replay(folder) == {0: 2}
+    assert log_drain.replay(folder) == {}  # what it copied is in the log now
+    assert log_drain.replay(None) == {} and log_drain.replay(tmp_path / "absent") == {}
+
+
+def test_events_lost_mid_run_are_copied_in_the_job_facts_order(seen, tmp_path, monkeypatch, capsys):
+    # CI (tests/e2e/test_preemption.py, two tests at a time): the rank that died for the restart committed a
+    # checkpoint, whose event never reached the job's log though every rank's log_end did
+    folder = tmp_path / "raytrain"
+    now = seen.since + 1
+    _record(folder, "rank-1", [(now, events.CHECKPOINT, {"step": 6}), (now + 1, events.METRICS, {"step": 7}),
+                               (now + 2, events.LOG_END, {"rank": 1, "world_size": 2})])
+    _record(folder, "rank-0", [(now + 3, events.CHECKPOINT, {"step": 10}),
+                               (now + 4, events.LOG_END, {"rank": 0, "world_size": 2})])
+    monkeypatch.setattr(events, "_record", str(folder / "events-driver.log"))
+    watched = log_drain._Watched(io.StringIO(), seen)
+    monkeypatch.setattr(log_drain.sys, "stdout", watched)
+    for rank, kind, data in [(1, events.METRICS, {"step": 7}), (1, events.LOG_END, {"rank": 1, "world_size": 2}),
+                             (0, events.CHECKPOINT, {"step": 10}), (0, events.LOG_END, {"rank": 0, "world_size": 2})]:
+        watched.write(f"(RayTrainWorker pid={rank}) " + events.format_event(kind, **data) + "\n")
+
+    assert log_drain.wait(drain_s=5, quiet_s=0.2) == []
+    out = watched._stream.getvalue().splitlines()
+    assert out[4:] == ["(rank 1, from the run's record) " + events.format_event(events.CHECKPOINT, step=6)], out
+    facts = events.JobFacts.from_lines(out)
+    assert facts.checkpoints == [6, 10] and [e["step"] for e in facts.checkpoint_events] == [6, 10]
+    err = capsys.readouterr().err
+    assert "1 event(s) of rank(s) 1 never reached the job's log" in err and "--rank N" in err
+
+
+def test_record_lines_older_than_what_is_remembered_are_not_judged(tmp_path, monkeypatch):
+    monkeypatch.setattr(log_drain, "RECENT", 3)
+    seen = log_drain.Seen()
+    monkeypatch.setattr(log_drain, "SEEN", seen)
+    folder = tmp_path / "raytrain"
+    watched = log_drain._Watched(io.StringIO(), seen)
+    monkeypatch.setattr(log_drain.sys, "stdout", watched)
+    lines = [(seen.since + 0.001 * (i + 1), events.METRICS, {"step": i}) for i in range(5)]
+    _record(folder, "rank-0", lines)
+    for t, kind, data in lines:  # each arrives after it was recorded; the first two are forgotten
+        while time.time() <= t:
+            time.sleep(0.001)
+        watched.write(events.format_event(kind, **data) + "\n")
+    assert seen.horizon >= lines[1][0]
+    assert log_drain.replay(folder) == {}  # not the forgotten two copied again
 
 
 def test_event_texts_split_joined_events_and_drop_rays_prefix():

@@ -6,10 +6,11 @@ driver that ends as soon as ``fit()`` returns loses whatever is still in flight:
 lines each at the end of training left 93,000 in the job's log. So every rank ends a train function that
 returned with a ``log_end`` event (``raytrain.runtime.worker.loop``), the driver watches its own stdout for them
 (:func:`install`), and after training :func:`wait` holds the outcome until every rank's has arrived: as long as
-forwarded lines keep coming, at most ``DRAIN_S`` in all. Where a rank's last lines still did not come (a
-node's log monitor starved on a loaded machine), its events that never reached the log are copied into it from
-the run's record (each rank appended them there itself), so the job's facts lose none; its other lines are in
-its own log.
+forwarded lines keep coming, at most ``DRAIN_S`` in all. Then every event a rank recorded since this driver
+started (each rank appends its events to the run's record itself) that never reached the log is copied into
+it: a rank's last lines that still did not come (a node's log monitor starved on a loaded machine), or lines
+lost mid-run (a worker that died for a restart, whose last lines Ray did not forward). So the job's facts lose
+none; a rank's other lines are in its own log.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from raytrain import events
 DRAIN_S = 120.0  # the most the driver waits for the workers' lines after training returned
 QUIET_S = 10.0  # ... and it stops sooner when no forwarded line arrived for this long
 _NEEDLE = f'"event":"{events.LOG_END}"'
-RECENT = 50_000  # the event lines remembered as seen (the record's lines a rank lost are its last ones)
-REPLAY_MAX = 2_000  # at most this many of a rank's last recorded lines are copied into the log
+RECENT = 50_000  # the event lines remembered as seen (older ones: the record's lines before them are not judged)
+REPLAY_MAX = 2_000  # at most this many of a rank's last recorded lines are read (and so copied) at the end
 
 
 class _Watched:
@@ -52,9 +53,12 @@ class Seen:
         self.cond = threading.Condition()
         self.last_line = time.monotonic()
         self.ends: dict[int, int] = {}  # rank -> the world size it ended in
-        self.recent: collections.deque[str] = collections.deque(maxlen=RECENT)  # event texts, oldest first
+        self.recent: collections.deque[tuple[str, float]] = collections.deque(maxlen=RECENT)  # (text, arrival)
         self.recent_set: collections.Counter[str] = collections.Counter()
         self.since = time.time()  # record lines older than this process are not this driver's to copy
+        # record lines up to here may have arrived and been forgotten (a line arrives after it was recorded,
+        # and the oldest arrivals are forgotten first): only the record's lines after it are judged
+        self.horizon = self.since
 
     def wrote(self, stream: _Watched, text: str) -> None:
         with self.cond:
@@ -76,11 +80,12 @@ class Seen:
 
     def _remember(self, text: str) -> None:
         if len(self.recent) == self.recent.maxlen:
-            old = self.recent[0]
+            old, arrived = self.recent[0]
+            self.horizon = max(self.horizon, arrived)
             self.recent_set[old] -= 1
             if self.recent_set[old] <= 0:
                 del self.recent_set[old]
-        self.recent.append(text)
+        self.recent.append((text, time.time()))
         self.recent_set[text] += 1
 
     def seen_text(self, text: str) -> bool:
@@ -125,13 +130,18 @@ def wait(drain_s: float = DRAIN_S, quiet_s: float = QUIET_S) -> list[int]:
                 break
             SEEN.cond.wait(min(left, 0.5))
         missing = SEEN.missing()
+    copied = replay(record_folder())
+    count = sum(copied.values())
     if missing:
         why = f"within {drain_s:g} s" if time.monotonic() >= deadline else f"(no line came for {quiet_s:g} s)"
-        copied = replay(missing, record_folder())
-        from_record = f"; {copied} of their events were copied here from the run's record" if copied else ""
+        from_record = f"; {count} of their events were copied here from the run's record" if count else ""
         print(f"raytrain: warning: the last lines of rank(s) {', '.join(map(str, missing))} did not reach the "
               f"job's log {why} after training ended{from_record}; each rank's own log has every line: "
               "raytrain jobs logs JOB --rank N", file=sys.stderr, flush=True)
+    elif count:
+        print(f"raytrain: warning: {count} event(s) of rank(s) {', '.join(map(str, sorted(copied)))} never reached "
+              "the job's log (Ray's log forwarding lost them): copied here from the run's record; each rank's own "
+              "log has every line: raytrain jobs logs JOB --rank N", file=sys.stderr, flush=True)
     return missing
 
 
@@ -141,38 +151,36 @@ def record_folder() -> Path | None:
     return Path(path).parent if path else None
 
 
-def replay(ranks: list[int], folder: Path | None) -> int:
-    """Print the events each rank recorded (``events-rank-N.log``) after the last one the log got from it,
-    oldest first, and return how many. ``ranks`` [0] with rank 0's world unknown: every rank's record."""
+def replay(folder: Path | None) -> dict[int, int]:
+    """Print every event a rank recorded (``events-rank-N.log``) since this driver started that the log never
+    got, in the rank's order, and return how many were copied per rank (ranks with none left out). Only each
+    record's last ``REPLAY_MAX`` lines are read, and only lines after ``SEEN.horizon``."""
     if folder is None or not folder.is_dir():
-        return 0
-    if SEEN.ends.get(0) is None:
-        files = sorted(folder.glob("events-rank-*.log"))
-    else:
-        files = [folder / f"events-rank-{r}.log" for r in ranks]
-    copied = 0
-    for path in files:
+        return {}
+    after = max(SEEN.since, SEEN.horizon)
+    copied: dict[int, int] = {}
+    for path in sorted(folder.glob("events-rank-*.log")):
         try:
+            rank = int(path.stem.removeprefix("events-rank-"))
             lines = _tail_lines(path, REPLAY_MAX)
-        except OSError:
+        except (OSError, ValueError):
             continue
         lost: list[str] = []
-        for line in reversed(lines):
+        for line in lines:
             stamp, _, rest = line.partition(" ")
             try:
-                if float(stamp) < SEEN.since:
-                    break
+                if float(stamp) <= after:
+                    continue
             except ValueError:
                 continue
             texts = event_texts(rest)
-            if not texts or any(SEEN.seen_text(t) for t in texts):
-                break  # the log has this one: so it has those before it (one file, one order)
-            lost.append(rest)
-        rank = path.stem.removeprefix("events-rank-")
-        for rest in reversed(lost):
+            if texts and not all(SEEN.seen_text(t) for t in texts):
+                lost.append(rest)
+        for rest in lost:
             sys.stdout.write(f"(rank {rank}, from the run's record) {rest}\n")
         sys.stdout.flush()
-        copied += len(lost)
+        if lost:
+            copied[rank] = len(lost)
     return copied
 
 
