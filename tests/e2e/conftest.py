@@ -186,3 +186,28 @@ def pytest_runtest_teardown(item, nextitem):
     tests that follow (tests/multinode, their own two-node cluster) then do not share the cores with it."""
     if _is_e2e(item) and not _is_e2e(nextitem) and _SESSION:
         _SESSION[0]("cluster", "down", "--force", timeout=120)
+
+
+GPT_Z3 = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--grad-accum", "2", "--micro-batch", "2",
+          "--checkpoint-every", "4"]
+
+
+def submit_json(cli, job, flags, job_args, expect=0, timeout=300):
+    proc = cli("submit", job, *flags, "--json", "--", *job_args, timeout=timeout)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    return json.loads(proc.stdout) if expect == 0 else proc
+
+
+@pytest.fixture(scope="session")
+def gpt_baseline(e2e_env, tmp_path_factory):
+    """An uninterrupted ZeRO-3 run of ``jobs/gpt_zero.py`` (``GPT_Z3``, 10 steps; checkpoints [4, 8, 10]): its
+    info, its facts and the engine's outputs on a probe. One for the session: the restart, preemption and export
+    tests compare their runs with it (where or how often a run checkpoints does not change its weights)."""
+    from tests.conftest import JOBS
+
+    e2e_env("cluster", "up", "--num-cpus", "2", check=True, timeout=180)
+    probe = tmp_path_factory.mktemp("probe") / "probe.pt"
+    info = submit_json(e2e_env, JOBS / "gpt_zero.py", GPT_Z3, ["--steps", "10", "--probe-out", probe])
+    facts = e2e_env.facts(info["id"])
+    assert facts.checkpoints == [4, 8, 10], facts.checkpoints  # every 4 steps and at the end
+    return info, facts, probe

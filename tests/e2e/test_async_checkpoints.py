@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.e2e.test_checkpoints import submit_json
+from tests.e2e.conftest import submit_json
 
 pytestmark = pytest.mark.e2e
 

@@ -10,27 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import JOBS
+from tests.e2e.conftest import GPT_Z3, submit_json
 
 pytestmark = pytest.mark.e2e
 
-GPT_Z3 = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--grad-accum", "2", "--micro-batch", "2",
-          "--checkpoint-every", "4"]
 CNN_Z1 = ["--workers", "2", "--zero", "1", "--precision", "bf16", "--micro-batch", "8", "--checkpoint-every", "3"]
-
-
-def submit_json(cli, job, flags, job_args, expect=0, timeout=300):
-    proc = cli("submit", job, *flags, "--json", "--", *job_args, timeout=timeout)
-    assert proc.returncode == expect, proc.stdout + proc.stderr
-    return json.loads(proc.stdout) if expect == 0 else proc
-
-
-@pytest.fixture(scope="module")
-def gpt_baseline(e2e_env, tmp_path_factory):
-    """An uninterrupted ZeRO-3 run: its final loss, its run id and the engine's outputs on a probe."""
-    e2e_env("cluster", "up", "--num-cpus", "2", check=True, timeout=180)
-    probe = tmp_path_factory.mktemp("probe") / "probe.pt"
-    info = submit_json(e2e_env, JOBS / "gpt_zero.py", GPT_Z3, ["--steps", "10", "--probe-out", probe])
-    return info, e2e_env.facts(info["id"]), probe
 
 
 @pytest.fixture(scope="module")

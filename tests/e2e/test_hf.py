@@ -108,7 +108,7 @@ def test_lora_job_under_zero3_exports_a_hf_folder_with_the_engines_logits(cli, t
     from transformers import AutoModelForCausalLM
 
     from tests.conftest import JOBS
-    from tests.e2e.test_checkpoints import submit_json
+    from tests.e2e.conftest import submit_json
 
     importlib.import_module("peft")
     probe_path = tmp_path / "probe.pt"

@@ -10,12 +10,14 @@ import time
 import pytest
 
 from tests.conftest import JOBS
-from tests.e2e.test_checkpoints import assert_same_weights, submit_json
+from tests.e2e.conftest import GPT_Z3, submit_json
+from tests.e2e.test_checkpoints import assert_same_weights
 
 pytestmark = pytest.mark.e2e
 
-FLAGS = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--grad-accum", "2", "--micro-batch", "2",
-         "--checkpoint-every", "1000"]
+# the baseline's job and flags (GPT_Z3), with --checkpoint-every far beyond the run: only a preemption (and the end)
+# commits a checkpoint
+FLAGS = [*GPT_Z3[:GPT_Z3.index("--checkpoint-every")], "--checkpoint-every", "1000"]
 
 
 def submit_in_background(cli, flags, job_args):
@@ -41,11 +43,8 @@ def wait_for_file(path, thread, timeout=400):
     return json.loads(path.read_text())
 
 
-def test_sigterm_to_a_worker_commits_the_step_in_progress_and_resumes_from_it(cli, tmp_path):
-    base = submit_json(cli, JOBS / "gpt_zero.py", FLAGS, ["--steps", "10"])
-    base_facts = cli.facts(base["id"])
-    assert base_facts.checkpoints == [10]  # only the final one: --checkpoint-every is far beyond the run
-
+def test_sigterm_to_a_worker_commits_the_step_in_progress_and_resumes_from_it(cli, gpt_baseline, tmp_path):
+    base, base_facts, _ = gpt_baseline  # the same job and flags, but for --checkpoint-every
     thread, out = submit_in_background(cli, [*FLAGS, "--max-failures", "1"],
                                        ["--steps", "10", "--preempt-handshake", f"{tmp_path}:5"])
     worker = wait_for_file(tmp_path / "rank-1.json", thread)
@@ -95,11 +94,11 @@ def driver_pid(cli, job_id, timeout=60):
     raise AssertionError(f"no driver pid for {job_id} after {timeout} s")
 
 
-def test_sigterm_to_the_driver_commits_the_step_in_progress_and_resume_continues_after_it(cli, tmp_path):
+def test_sigterm_to_the_driver_commits_the_step_in_progress_and_resume_continues_after_it(cli, gpt_baseline, tmp_path):
     """Not `jobs stop` (Ray's stop SIGKILLs the driver 3 s after its SIGTERM): a plain SIGTERM to the driver, as
     a pod eviction or a shutdown sends. The job ends stopped with the step in progress committed; --resume
     continues after it and ends with the weights of an uninterrupted run."""
-    base = submit_json(cli, JOBS / "gpt_zero.py", FLAGS, ["--steps", "10"])
+    base, _, _ = gpt_baseline
     proc = cli("submit", JOBS / "gpt_zero.py", *FLAGS, "--no-wait", "--json", "--",
                "--steps", "10", "--preempt-handshake", f"{tmp_path}:5", check=True)
     run = json.loads(proc.stdout)["id"]

@@ -251,9 +251,10 @@ def test_a_failure_shows_the_ranks_traceback_while_its_log_copier_is_behind(cli,
     # let go, the copier makes its final copy: the rank's log has the error too
     job_id = job_id_of(out)
     deadline = time.monotonic() + 60
-    while "ValueError: the data path /nope" not in cli("jobs", "logs", job_id, "--rank", "0").stdout:
+    while "ValueError: the data path /nope" not in (logs := cli("jobs", "logs", job_id, "--rank", "0")).stdout:
         assert time.monotonic() < deadline, (
-            "the copier did not copy the rank's log within 60 s of going on: " + _copier_state(cli, job_id, stopped))
+            "the copier did not copy the rank's log within 60 s of going on: " + _copier_state(cli, job_id, stopped)
+            + f"; `jobs logs --rank 0` exited {logs.returncode}: {logs.stdout[-600:]!r} {logs.stderr[-600:]!r}")
         time.sleep(1)
 
 

@@ -21,7 +21,7 @@ def test_no_pattern_kills_and_root_steps_are_guarded():
         if ("ip netns" in code or "ip link" in code) and "echo" not in code:
             branch = "\n".join(lines[max(0, i - 4):i])
             assert "is_root || continue" in branch, f".ci/run:{i + 1} runs `ip` without the root guard: {line}"
-    assert '\nCI=true .venv/bin/python -m pytest ' in text and '"$rc" -eq 5' in text
+    assert '\nCI=true .venv/bin/python -m pytest -n 2 ' in text and '"$rc" -eq 5' in text
 
 
 def _stop_recorded(records, as_user=None):

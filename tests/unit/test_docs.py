@@ -92,7 +92,7 @@ def test_no_work_log_wording(page):
     assert not found, f"{page.relative_to(ROOT)} reads like a work log: {found} (dated figures: docs/benchmarks.md)"
 
 
-TEST_COMMAND = ".venv/bin/python -m pytest"
+TEST_COMMAND = ".venv/bin/python -m pytest -n 2"
 
 
 def test_the_quick_start_commands_are_the_ones_ci_runs():
