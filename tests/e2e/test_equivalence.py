@@ -45,15 +45,11 @@ EXPECTED = {
     "activation-checkpointing": {},
     "bf16": {"precision": "bf16"},
 }
+# ZeRO-0, ZeRO-3, ZeRO-2 with --offload optimizer, --tp 2 and --pp 2 are compared in tests/e2e/test_guard.py: each of
+# its runs skips one bad step and equals the ZeRO-1 run (see zero1 here) at every other step, engine included
 LAYOUTS = {
-    "zero0": ["--workers", "2", "--zero", "0", "--micro-batch", "2", "--grad-accum", "2"],
     "zero1": ["--workers", "2", "--zero", "1", "--micro-batch", "2", "--grad-accum", "2"],
     "zero2": ["--workers", "2", "--zero", "2", "--micro-batch", "2", "--grad-accum", "2"],
-    "zero3": ["--workers", "2", "--zero", "3", "--micro-batch", "2", "--grad-accum", "2"],
-    "offload-optimizer": ["--workers", "2", "--zero", "2", "--offload", "optimizer", "--micro-batch", "2",
-                          "--grad-accum", "2"],
-    "tp2": ["--workers", "2", "--tp", "2", "--micro-batch", "4", "--grad-accum", "2"],
-    "pp2": ["--workers", "2", "--pp", "2", "--micro-batch", "4", "--grad-accum", "2"],
     # ZeRO-0 under a pipeline clips with DeepSpeed's engine-level norm, which without raytrain's fix counted
     # stage 0's gradients only (probe loss 9.6937 vs 9.6856 here); ZeRO-1's optimizer computes its own norm
     "pp2-zero0": ["--workers", "2", "--pp", "2", "--zero", "0", "--micro-batch", "4", "--grad-accum", "2"],

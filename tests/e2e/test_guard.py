@@ -4,14 +4,16 @@ One ``inf`` input on rank 1 at step 6 (tests/e2e/jobs/nonfinite.py, the model an
 ``--zero 0``, ``--zero 1``, ``--zero 3``, ``--pp 2``, ZeRO-2 with ``--offload optimizer`` and ``--tp 2`` all
 skip step 6 on every rank, say so, and end with
 the parameters (through their probe loss, as tests/e2e/test_equivalence.py compares layouts) of a clean run in
-which step 6 makes no update; every other step's loss matches that run's too. A job that ends reporting a
-NaN loss ends failed, exit 1, with the reason.
+which step 6 makes no update; every other step's loss matches that run's too. So each run is also those
+layouts' equivalence test: their losses at 7 of 8 steps and their final parameters equal the clean ZeRO-1
+run's (the layout test_equivalence.py checks against one worker), and the engine each built is the layout's
+(test_equivalence.assert_built). A job that ends reporting a NaN loss ends failed, exit 1, with the reason.
 """
 import math
 
 import pytest
 
-from tests.e2e.test_equivalence import FP32_TOL, close
+from tests.e2e.test_equivalence import FP32_TOL, assert_built, close
 from tests.e2e.test_submit import job_id_of
 
 pytestmark = pytest.mark.e2e
@@ -59,6 +61,7 @@ def test_inf_on_rank_1_skips_step_6_everywhere(cli, clean, name):
     metrics = facts.metrics
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), metrics  # the skip counts as a step
     assert metrics[-1]["skipped_steps"] == 1, metrics[-1]
+    assert_built(facts, name, metrics[-1])
     probe, ref_probe = metrics[-1]["probe_loss"], clean[-1]["probe_loss"]
     assert math.isfinite(probe) and close(probe, ref_probe, FP32_TOL), (name, probe, ref_probe)
     for m, ref in zip(metrics, clean):

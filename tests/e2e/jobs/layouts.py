@@ -97,6 +97,18 @@ def data_parallel_probe_loss(ctx, engine, probe):
         return world_mean(ctx, loss_fn(engine(probe[0].to(ctx.device, ctx.dtype)), probe[1].to(ctx.device)))
 
 
+def count_block_forwards(ctx, engine):
+    """Counts the forwards of this rank's blocks; returns ``per_micro(steps)``: the count per block and training
+    micro-batch so far (call it before any probe forward)."""
+    forwards = [0]
+    blocks = [m for m in engine.module.modules() if isinstance(m, Block)]
+    for block in blocks:
+        # a pre-hook: torch's non-reentrant recompute stops once it has what backward needs, before the
+        # forward hooks would run
+        block.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    return lambda steps: forwards[0] / (len(blocks) * steps * ctx.grad_accum)
+
+
 def train(ctx):
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=6)
@@ -125,15 +137,10 @@ def train(ctx):
         def probe_loss():
             return data_parallel_probe_loss(ctx, engine, probe)
 
-    forwards = [0]
-    blocks = [m for m in engine.module.modules() if isinstance(m, Block)]
-    for block in blocks:
-        # a pre-hook: torch's non-reentrant recompute stops once it has what backward needs, before the
-        # forward hooks would run
-        block.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    forwards_per_micro = count_block_forwards(ctx, engine)
     for step in range(args.steps):
         metrics = {"loss": train_step(step)}
         if step + 1 == args.steps:
-            metrics["block_forwards_per_micro"] = forwards[0] / (len(blocks) * args.steps * ctx.grad_accum)
+            metrics["block_forwards_per_micro"] = forwards_per_micro(args.steps)
             metrics["probe_loss"] = probe_loss()
         ctx.report(metrics)

@@ -6,14 +6,16 @@
 - ``zero``: that step's loss times 0 on every rank: a clean run in which that step makes no update (plain SGD);
 - ``report-nan``: the job itself reports ``loss nan`` at its last step (no guard can skip a number the job makes).
 Each step reports the global mean loss; the last also ``probe_loss`` (the final parameters, through what they
-compute on a fixed batch) and ``skipped_steps`` (the engine's count).
+compute on a fixed batch), ``skipped_steps`` (the engine's count) and ``block_forwards_per_micro`` (as
+layouts.py).
 """
 import argparse
 import math
 
 import torch
 
-from layouts import Net, data_parallel_probe_loss, data_parallel_step, layers, loss_fn, samples
+from layouts import (Net, count_block_forwards, data_parallel_probe_loss, data_parallel_step, layers, loss_fn,
+                     samples)
 
 
 def micro_batches(ctx, step, bad_step, bad):
@@ -60,9 +62,11 @@ def train(ctx):
         def probe_loss():
             return data_parallel_probe_loss(ctx, engine, probe)
 
+    forwards_per_micro = count_block_forwards(ctx, engine)
     for step in range(args.steps):
         metrics = {"loss": train_step(step)}
         if step + 1 == args.steps:
+            metrics["block_forwards_per_micro"] = forwards_per_micro(args.steps)
             metrics["probe_loss"] = probe_loss()
             metrics["skipped_steps"] = engine.skipped_steps
             if args.bad == "report-nan":
