@@ -491,8 +491,11 @@ class RayJobsApiTarget(Target):
         ended without the driver's last word (a killed driver) gives the tail ``FOLLOW_TAIL_GRACE_S`` more,
         and a status that cannot be read ``FOLLOW_STATUS_FAILURES`` times in a row over at least
         ``FOLLOW_STATUS_GIVE_UP_S`` ends the follow with a ClusterError saying so (a transient error is
-        only retried)."""
-        self._call("job status", self.rest.get_job_info, job_id)  # a clear error for an unknown id
+        only retried). A job that has already ended: its log, read in one piece."""
+        details = self._call("job status", self.rest.get_job_info, job_id)  # a clear error for an unknown id
+        if getattr(details.status, "value", details.status) in TERMINAL:
+            on_text(self.logs(job_id))  # its log is whole: Ray's tail would give it in 1-3 s, in pieces
+            return
         seen = LastWord()
 
         async def tail() -> None:

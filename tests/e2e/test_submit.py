@@ -427,7 +427,7 @@ def test_jobs_reads_answer_without_rays_job_client(cli):
     assert jobs, "the suite's earlier tests ran jobs on this cluster"
     job = jobs[0]["id"]
     for args in (["jobs", "list", "--json"], ["jobs", "status", job, "--json"], ["jobs", "logs", job],
-                 ["jobs", "logs", job, "--follow"]):  # an ended job's: the websocket tail, then the status
+                 ["jobs", "logs", job, "--follow"]):  # an ended job: its log in one piece
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "raytrain.cli.main", *args], env=cli.env,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -4,20 +4,12 @@ import asyncio
 import os
 import time
 
-from raytrain.targets.ray_jobs_api import LastWord, RayJobsApiTarget
+from raytrain.targets.ray_jobs_api import JobDetails, LastWord, RayJobsApiTarget
 
 STARTED = '@@raytrain {"event":"started","name":"cnn"}\n'
 WORKER_ERROR = '(RayTrainWorker pid=7) @@raytrain {"event":"error","type":"X","rank":1,"message":"m"}\n'
 FINISHED = '@@raytrain {"event":"finished","metrics":null}\n'
 AFTER = "written after the last event, before the driver exited\n"
-
-
-class Status:
-    def __init__(self, terminal):
-        self.terminal = terminal
-
-    def is_terminal(self):
-        return self.terminal
 
 
 class FakeJobs:
@@ -28,8 +20,8 @@ class FakeJobs:
         self.chunks, self.exit_s, self.tail_after_s, self.tail_gets_rest = chunks, exit_s, tail_after_s, tail_gets_rest
         self.ended_at = None
 
-    def get_job_info(self, job_id):
-        return Status(False)
+    def get_job_info(self, job_id):  # the job runs when the follow starts
+        return JobDetails(submission_id=job_id, status="RUNNING")
 
     def get_job_status(self, job_id):  # the Jobs REST API's status value
         return "SUCCEEDED" if self.ended_at is not None and time.monotonic() >= self.ended_at else "RUNNING"
@@ -60,6 +52,19 @@ def test_following_ends_when_the_job_has_ended_not_when_rays_tail_does():
     out, took = follow(FakeJobs([STARTED, "step 1\n", FINISHED]), end_poll_s=0.02)
     assert out == STARTED + "step 1\n" + FINISHED + AFTER  # the rest read once the job ended, nothing twice
     assert took < 10  # the fake tail would have gone on for 30 s
+
+
+def test_a_job_that_has_already_ended_is_read_in_one_piece_without_rays_tail():
+    class Ended(FakeJobs):
+        def get_job_info(self, job_id):
+            return JobDetails(submission_id=job_id, status="FAILED")
+
+        async def tail_job_logs(self, job_id):  # Ray's tail gives an ended job's log in 1-3 s, in pieces
+            raise AssertionError("the tail of a job that has ended")
+            yield  # an async generator
+
+    out, took = follow(Ended([STARTED, "step 1\n", FINISHED]))
+    assert out == STARTED + "step 1\n" + FINISHED + AFTER and took < 1
 
 
 def test_a_line_the_tail_already_gave_is_not_given_again():
