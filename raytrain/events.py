@@ -174,11 +174,8 @@ class JobFacts:
         elif kind == CHECKPOINT:
             # in step order (a job's commits are): one whose line Ray lost mid-run is copied from the run's record
             # at the end of the job (runtime.driver.log_drain)
-            at = len(self.checkpoints)
-            step = event.get("step")
-            while at and isinstance(step, int) and isinstance(self.checkpoints[at - 1], int) and self.checkpoints[at - 1] > step:
-                at -= 1
-            self.checkpoints.insert(at, step)
+            at = _step_position(self.checkpoints, event.get("step"))
+            self.checkpoints.insert(at, event.get("step"))
             self.checkpoint_events.insert(at, event)
         elif kind == PREFLIGHT:
             self.preflight = event
@@ -254,6 +251,15 @@ class JobFacts:
             for event in parse_events(line):
                 facts.add(event)
         return facts
+
+
+def _step_position(steps: list, step) -> int:
+    """Where ``step`` goes in ``steps`` to keep the integer steps in order: after every step not above it (at the
+    end where either is not an integer)."""
+    at = len(steps)
+    while at and isinstance(step, int) and isinstance(steps[at - 1], int) and steps[at - 1] > step:
+        at -= 1
+    return at
 
 
 TIMING_KEYS = ("snapshot_s", "write_s", "upload_s", "wait_s")

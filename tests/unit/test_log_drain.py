@@ -114,7 +114,7 @@ def test_a_ranks_events_the_log_never_got_are_copied_from_the_runs_record(seen, 
     assert "2 of their events were copied here from the run's record" in capsys.readouterr().err
 
 
-def test_with_rank_0s_world_unknown_every_ranks_record_is_read_and_nothing_seen_is_copied(seen, tmp_path, monkeypatch):
+def test_every_ranks_record_is_read_and_nothing_seen_is_copied(seen, tmp_path, monkeypatch):
     folder = tmp_path / "raytrain"
     now = seen.since + 1
     _record(folder, "rank-0", [(now, events.CHECKPOINT, {"step": 4}), (now, events.LOG_END, {"rank": 0, "world_size": 2})])

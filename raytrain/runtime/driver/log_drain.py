@@ -135,13 +135,15 @@ def wait(drain_s: float = DRAIN_S, quiet_s: float = QUIET_S) -> list[int]:
     if missing:
         why = f"within {drain_s:g} s" if time.monotonic() >= deadline else f"(no line came for {quiet_s:g} s)"
         from_record = f"; {count} of their events were copied here from the run's record" if count else ""
-        print(f"raytrain: warning: the last lines of rank(s) {', '.join(map(str, missing))} did not reach the "
-              f"job's log {why} after training ended{from_record}; each rank's own log has every line: "
-              "raytrain jobs logs JOB --rank N", file=sys.stderr, flush=True)
+        said = (f"the last lines of rank(s) {', '.join(map(str, missing))} did not reach the job's log {why} after "
+                f"training ended{from_record}")
     elif count:
-        print(f"raytrain: warning: {count} event(s) of rank(s) {', '.join(map(str, sorted(copied)))} never reached "
-              "the job's log (Ray's log forwarding lost them): copied here from the run's record; each rank's own "
-              "log has every line: raytrain jobs logs JOB --rank N", file=sys.stderr, flush=True)
+        said = (f"{count} event(s) of rank(s) {', '.join(map(str, sorted(copied)))} never reached the job's log "
+                "(Ray's log forwarding lost them): copied here from the run's record")
+    else:
+        return missing
+    print(f"raytrain: warning: {said}; each rank's own log has every line: raytrain jobs logs JOB --rank N",
+          file=sys.stderr, flush=True)
     return missing
 
 
@@ -157,7 +159,7 @@ def replay(folder: Path | None) -> dict[int, int]:
     record's last ``REPLAY_MAX`` lines are read, and only lines after ``SEEN.horizon``."""
     if folder is None or not folder.is_dir():
         return {}
-    after = max(SEEN.since, SEEN.horizon)
+    after = SEEN.horizon  # this driver's start, or later once it forgot lines
     copied: dict[int, int] = {}
     for path in sorted(folder.glob("events-rank-*.log")):
         try:
