@@ -20,9 +20,9 @@ CNN_Z1 = ["--workers", "2", "--zero", "1", "--precision", "bf16", "--micro-batch
 @pytest.fixture(scope="module")
 def mlflow_starting(tmp_path_factory):
     """A real `mlflow server` (the test extra's full mlflow) on loopback, on a port free at run time, with its
-    own SQLite store; stopped after the module. Started before the module's baseline run (ask for it first)
-    so that its start-up (imports, the new store's migrations: 10-20 s on 2 cores) overlaps that run; calling
-    the fixture's value waits until the server answers and gives its URI."""
+    own SQLite store; stopped after the module. Ask for it before ``gpt_baseline``: where that run has not been
+    made yet, the server's start-up (imports, the new store's migrations: 10-20 s on 2 cores) overlaps it;
+    calling the fixture's value waits until the server answers and gives its URI."""
     import socket
     import subprocess
     import urllib.request
@@ -92,8 +92,7 @@ def assert_same_weights(cli, run, base_run, tmp_path):
 
 
 @pytest.mark.smoke
-def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, mlflow_starting, gpt_baseline,
-                                                                          mlflow_server, tmp_path):
+def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline, tmp_path):
     base_info, base, _ = gpt_baseline
     assert base.checkpoints == [4, 8, 10]  # every 4 steps and at the end
     # saved synchronously: the step-4 checkpoint is committed before step 5 begins, so the kill at step 5 always
@@ -101,8 +100,7 @@ def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, 
     # finds it on storage; tunings on: the report waits for the poll). An async save may still be uploading then,
     # and the restart rightly starts from the one before: tests/e2e/test_async_checkpoints.py covers that.
     info = submit_json(cli, JOBS / "gpt_zero.py",
-                       [*GPT_Z3, "--checkpoint-mode", "sync", "--max-failures", "1", "--track", "tensorboard",
-                        "--track", "mlflow", "--mlflow-uri", mlflow_server],
+                       [*GPT_Z3, "--checkpoint-mode", "sync", "--max-failures", "1"],
                        ["--steps", "10", "--fail-once-at-step", "5"], timeout=600)
     facts = cli.facts(info["id"])
     assert info["state"] == "succeeded" and info["restarts"] == 1
@@ -116,8 +114,8 @@ def test_a_killed_worker_restarts_from_the_checkpoint_with_the_same_result(cli, 
     # and most weights by 1e-3.
     assert facts.losses[-4:] == pytest.approx(base.losses[-4:], rel=1e-6, abs=0)
     assert_same_weights(cli, info["id"], base_info["id"], tmp_path)
-    check_trackers(info["id"], Path(cli.env["RAYTRAIN_HOME"]) / "runs" / info["id"], mlflow_server, facts)
-    check_metrics_and_plots(cli, info["id"], base_info["id"], tmp_path)
+    rank1 = cli("jobs", "logs", info["id"], "--rank", "1", check=True).stdout  # both attempts, from storage
+    assert "rank 1: simulated crash at step 5" in rank1 and rank1.count("# raytrain rank 1 on ") == 2, rank1
 
 
 def check_trackers(job, run_dir, mlflow_uri, facts):
@@ -149,8 +147,6 @@ def check_metrics_and_plots(cli, job, baseline, tmp_path):
     assert [s["step"] for s in data["steps"]] == list(range(1, 11)) and set(data["memory"]) == {"0", "1"}
     from matplotlib import image
 
-    rank1 = cli("jobs", "logs", job, "--rank", "1", check=True).stdout  # both attempts, from storage
-    assert "rank 1: simulated crash at step 5" in rank1 and rank1.count("# raytrain rank 1 on ") == 2, rank1
     for args, name in ((["plot", job], "run.png"), (["compare", baseline, job], "cmp.png")):
         out = tmp_path / name
         cli("jobs", *args, "-o", out, check=True)
@@ -158,13 +154,17 @@ def check_metrics_and_plots(cli, job, baseline, tmp_path):
         assert pixels.shape[0] >= 600 and (pixels[..., :3] < 0.5).mean() > 0.005
 
 
-def test_a_worker_killed_inside_a_collective_restarts_from_the_checkpoint_with_the_same_result(cli, gpt_baseline,
-                                                                                              tmp_path):
+def test_a_worker_killed_inside_a_collective_restarts_from_the_checkpoint_with_the_same_result(
+        cli, mlflow_starting, gpt_baseline, mlflow_server, tmp_path):
     """The death --fail-once-at-step avoids (it passes a barrier first): rank 1 dies as its step-6 backward
     begins, while rank 0 is inside the step's gradient collectives. The run restarts from the step-4
-    checkpoint and ends as the baseline does; step 6 was reported by no rank before the restart."""
+    checkpoint and ends as the baseline does; step 6 was reported by no rank before the restart. The run
+    also tracks to TensorBoard and a real mlflow server across the restart, and is read back by `jobs
+    metrics|plot|compare`."""
     base_info, base, _ = gpt_baseline
-    info = submit_json(cli, JOBS / "gpt_zero.py", [*GPT_Z3, "--checkpoint-mode", "sync", "--max-failures", "1"],
+    info = submit_json(cli, JOBS / "gpt_zero.py", [*GPT_Z3, "--checkpoint-mode", "sync", "--max-failures", "1",
+                                                   "--track", "tensorboard", "--track", "mlflow",
+                                                   "--mlflow-uri", mlflow_server],
                        ["--steps", "10", "--fail-in-collective-at-step", "6"], timeout=600)  # sync: see above
     facts = cli.facts(info["id"])
     assert info["state"] == "succeeded" and info["restarts"] == 1, info
@@ -174,6 +174,8 @@ def test_a_worker_killed_inside_a_collective_restarts_from_the_checkpoint_with_t
     assert steps == [1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10], steps  # step 5 redone from the step-4 checkpoint
     assert facts.losses[-4:] == pytest.approx(base.losses[-4:], rel=1e-6, abs=0)  # tolerance: see above
     assert_same_weights(cli, info["id"], base_info["id"], tmp_path)
+    check_trackers(info["id"], Path(cli.env["RAYTRAIN_HOME"]) / "runs" / info["id"], mlflow_server, facts)
+    check_metrics_and_plots(cli, info["id"], base_info["id"], tmp_path)
 
 
 def test_without_max_failures_a_killed_worker_fails_the_job(cli):
