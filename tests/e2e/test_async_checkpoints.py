@@ -12,7 +12,6 @@ from tests.e2e.conftest import submit_json
 pytestmark = pytest.mark.e2e
 
 JOB = __import__("pathlib").Path(__file__).parent / "jobs" / "ckpt_async.py"
-Z0 = ["--workers", "2", "--zero", "0", "--precision", "fp32", "--micro-batch", "4", "--checkpoint-every", "3"]
 Z3 = ["--workers", "2", "--zero", "3", "--precision", "fp32", "--micro-batch", "4", "--checkpoint-every", "2"]
 
 
@@ -32,39 +31,47 @@ def rank_log(cli, job, rank):
     return cli("jobs", "logs", job, "--rank", str(rank), check=True).stdout
 
 
-def test_a_worker_killed_mid_upload_restarts_from_the_last_committed_checkpoint(cli, tmp_path):
-    base_info, base, base_params = run(cli, [*Z0, "--checkpoint-mode", "sync"], ["--steps", "8"], tmp_path, "sync")
-    assert base.checkpoints == [3, 6, 8]
-    info, facts, params = run(cli, [*Z0, "--checkpoint-mode", "async", "--max-failures", "1"],
-                              ["--steps", "8", "--sigkill-at-step", "7", "--hold-upload-step", "6"], tmp_path, "async")
+@pytest.fixture(scope="module")
+def z3_sync(e2e_env, tmp_path_factory):
+    """An uninterrupted ZeRO-3 run of 6 steps with sync saves (checkpoints [2, 4, 6]): the run the module's
+    ZeRO-3 async runs are compared with."""
+    e2e_env("cluster", "up", "--num-cpus", "2", check=True, timeout=180)
+    return run(e2e_env, [*Z3, "--checkpoint-mode", "sync"], ["--steps", "6"], tmp_path_factory.mktemp("z3"), "sync")
+
+
+def test_a_worker_killed_mid_upload_restarts_from_the_last_committed_checkpoint(cli, z3_sync, tmp_path):
+    _, base, base_params = z3_sync
+    assert base.checkpoints == [2, 4, 6]
+    info, facts, params = run(cli, [*Z3, "--checkpoint-mode", "async", "--max-failures", "1"],
+                              ["--steps", "6", "--sigkill-at-step", "5", "--hold-upload-step", "4"], tmp_path, "async")
     assert info["state"] == "succeeded" and info["restarts"] == 1, info
     rank1 = rank_log(cli, info["id"], 1)
-    assert "rank 1: SIGKILL while the checkpoint of step 6 is uploading" in rank1, rank1[-3000:]
+    assert "rank 1: SIGKILL while the checkpoint of step 4 is uploading" in rank1, rank1[-3000:]
     steps = [m["step"] for m in facts.metrics]
-    assert steps[-5:] == [4, 5, 6, 7, 8] and steps[:7] == list(range(1, 8)), steps  # resumed from step 3
-    assert "raytrain: restored step 3 from" in rank_log(cli, info["id"], 0)
-    # step 6's first save never committed: rank 0 did not announce it; the restart saved 6 again, then 8
-    assert facts.checkpoints == [3, 6, 8], facts.checkpoints
+    assert steps[-4:] == [3, 4, 5, 6] and steps[:5] == list(range(1, 6)), steps  # resumed from step 2
+    assert "raytrain: restored step 2 from" in rank_log(cli, info["id"], 0)
+    # step 4's first save never committed: rank 0 did not announce it; the restart saved 4 again, then 6
+    assert facts.checkpoints == [2, 4, 6], facts.checkpoints
     every = json.loads(cli("jobs", "checkpoints", info["id"], "--json", "--all", check=True).stdout)
     partial = [c for c in every if not c["complete"]]
-    assert len(partial) == 1 and partial[0]["step"] == 6 and "rank 1" in partial[0]["reason"], every
+    assert len(partial) == 1 and partial[0]["step"] == 4 and "rank 1" in partial[0]["reason"], every
     committed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
-    assert [c["step"] for c in committed] == [3, 6, 8] and all(c["complete"] for c in committed), committed
+    assert [c["step"] for c in committed] == [2, 4, 6] and all(c["complete"] for c in committed), committed
     assert partial[0]["path"] not in [c["path"] for c in committed]
     # and a --resume of the run picks its latest committed checkpoint
     from raytrain.checkpoints import store
 
-    assert store.resolve_resume(str(__import__("pathlib").Path(committed[0]["path"]).parent), None).step == 8
+    assert store.resolve_resume(str(__import__("pathlib").Path(committed[0]["path"]).parent), None).step == 6
     # the same run as the uninterrupted sync one
-    by_step = {m["step"]: m["loss"] for m in facts.metrics[-5:]}
-    assert [by_step[s] for s in range(4, 9)] == base.losses[3:], (facts.losses, base.losses)
+    by_step = {m["step"]: m["loss"] for m in facts.metrics[-4:]}
+    assert [by_step[s] for s in range(3, 7)] == base.losses[2:], (facts.losses, base.losses)
     assert_same_params(params, base_params)
 
 
-def test_async_and_sync_saves_agree_and_async_waits_are_reported(cli, tmp_path):
+def test_async_and_sync_saves_agree_and_async_waits_are_reported(cli, z3_sync, tmp_path):
     """ZeRO-3. The async run's step-2 upload is held 6 s, so step 4's save waits for it; step 6's (the last)
     is held 4 s, so the job's end waits for it. Both say so; nothing else differs from sync saves."""
-    sync_info, sync, sync_params = run(cli, [*Z3, "--checkpoint-mode", "sync"], ["--steps", "6"], tmp_path, "s")
+    sync_info, sync, sync_params = z3_sync
     info, facts, params = run(cli, Z3, ["--steps", "6", "--slow-upload", "2:6", "--slow-upload", "6:4"], tmp_path,
                               "a")  # async: the default for a train(ctx) job
     assert facts.started["checkpoint_mode"] == "async" and sync.started["checkpoint_mode"] == "sync"
