@@ -74,16 +74,25 @@ def mlflow_server(mlflow_starting):
     return mlflow_starting()
 
 
+_EXPORTED: dict[str, dict] = {}  # job id -> its last checkpoint's exported weights (the baseline is compared 4 times)
+
+
+def exported_weights(cli, job, tmp_path) -> dict:
+    """`raytrain export JOB` of the run's last checkpoint (step 10), loaded; once per run and test process."""
+    import torch
+
+    if job not in _EXPORTED:
+        out = tmp_path / f"{job}.pt"
+        assert json.loads(cli("export", job, "--out", out, "--json", check=True).stdout)["step"] == 10
+        _EXPORTED[job] = torch.load(out)
+    return _EXPORTED[job]
+
+
 def assert_same_weights(cli, run, base_run, tmp_path):
     """Both runs' last checkpoints, exported (the fp32 weights), are equal to the rounding noted above."""
     import torch
 
-    exported = []
-    for job in (run, base_run):
-        out = tmp_path / f"{job}.pt"
-        assert json.loads(cli("export", job, "--out", out, "--json", check=True).stdout)["step"] == 10
-        exported.append(torch.load(out))
-    mine, theirs = exported
+    mine, theirs = exported_weights(cli, run, tmp_path), exported_weights(cli, base_run, tmp_path)
     assert mine.keys() == theirs.keys()
     for key in mine:
         torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=2e-4, msg=key)
