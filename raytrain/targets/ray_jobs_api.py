@@ -60,14 +60,18 @@ class JobsRest:
     def __init__(self, dashboard: Dashboard):
         self.dashboard = dashboard
 
-    def _request(self, method: str, path: str) -> object:
+    def _request(self, method: str, path: str, body: dict | None = None, read_s: float = JOBS_API_CALL_S) -> object:
         import requests
 
-        resp = requests.request(method, self.dashboard.address + path, headers=self.dashboard.headers,
-                                timeout=(10, JOBS_API_CALL_S))
-        if resp.status_code != 200:
+        resp = requests.request(method, self.dashboard.address + path, headers=self.dashboard.headers, json=body,
+                                timeout=(10, read_s))
+        if resp.status_code != 200:  # Ray's client's wording: submit()'s retries read it
             raise RuntimeError(f"Request failed with status code {resp.status_code}: {resp.text}.")
         return resp.json()
+
+    def submit_job(self, body: dict) -> str:
+        """``POST /api/jobs/`` with the body Ray's client sends; the job's submission id."""
+        return self._request("POST", "/api/jobs/", body, read_s=60)["submission_id"]
 
     def get_job_info(self, job_id: str) -> JobDetails:
         return JobDetails.of(self._request("GET", f"/api/jobs/{job_id}"))
@@ -431,15 +435,10 @@ class RayJobsApiTarget(Target):
         """The Jobs API's ``POST /api/jobs/``, as Ray's client sends it, for a request with nothing to upload:
         Ray's client (``ray.job_submission``) is not imported before the job exists (~1 CPU second and
         more wall time on a busy machine, on the path from the command to step 1)."""
-        import requests
-
         body = {"entrypoint": request.entrypoint, "submission_id": request.submission_id,
                 "runtime_env": request.runtime_env, "metadata": request.metadata,
                 "entrypoint_num_cpus": request.entrypoint_num_cpus}
-        resp = requests.post(self.address + "/api/jobs/", json=body, headers=self.dashboard.headers, timeout=60)
-        if resp.status_code != 200:  # Ray's client's wording: submit()'s retries read it
-            raise RuntimeError(f"Request failed with status code {resp.status_code}: {resp.text}.")
-        return resp.json()["submission_id"]
+        return JobsRest(self.dashboard).submit_job(body)
 
     def _info(self, details, facts: JobFacts | None) -> JobInfo:
         meta = dict(details.metadata or {})
