@@ -594,8 +594,8 @@ class RayJobsApiTarget(Target):
             runtime_env["py_modules"] = [str(Path(raytrain.__file__).parent)]
         job_id = new_submission_id(module.rsplit(".", 1)[-1])
         self.client.submit_job(
-            entrypoint=" ".join([self.python, "-m", module, *map(shlex.quote, args)]), submission_id=job_id, runtime_env=runtime_env,
-            metadata={"raytrain-utility": module},
+            entrypoint=" ".join([self.python, "-m", module, *map(shlex.quote, args)]), submission_id=job_id,
+            runtime_env=runtime_env, metadata={"raytrain-utility": module},
         )
         deadline = time.monotonic() + timeout_s
         status = self.status(job_id, with_facts=False)
