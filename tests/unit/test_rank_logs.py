@@ -302,3 +302,38 @@ def test_rays_paragraph_for_a_dead_process_reads_as_one_line():
     assert _restart_reason(died, 1) == ("rank 1: its worker process died (SYSTEM_ERROR: Worker unexpectedly exits "
                                         "with a connection error code 2. End of file.)")
     assert _restart_reason(ValueError("line 1\nbad shard"), 0) == "rank 0: ValueError: bad shard"
+
+
+def test_the_copier_outlives_a_worker_that_ends_at_once_and_whose_children_ray_kills(tmp_path):
+    """Ray's core worker SIGKILLs its direct child processes as it exits (RAY_kill_child_processes_on_worker_exit,
+    on by default). A run shorter than the copier's start-up (one step, a loaded node) lost its whole rank log that
+    way: the copier had not forked away yet. Here the worker ends the moment its line is in the local file."""
+    folder = tmp_path / "run-1" / "raytrain"
+    script = (
+        "import os, signal, sys, time\n"
+        "from pathlib import Path\n"
+        "from raytrain.runtime.worker import rank_log\n"
+        "rank_log.start(Path(sys.argv[1]), 0, '10.0.0.1')\n"
+        "print('the only line', flush=True)\n"
+        "deadline = time.monotonic() + 20\n"
+        "while b'the only line' not in rank_log._local.read_bytes():\n"  # the tee has written it
+        "    assert time.monotonic() < deadline\n"
+        "    time.sleep(0.01)\n"
+        "me = str(os.getpid())\n"
+        "for pid in os.listdir('/proc'):\n"  # what Ray does on a worker's exit: every direct child, SIGKILL
+        "    try:\n"
+        "        stat = open(f'/proc/{pid}/stat').read()\n"
+        "    except (OSError, ValueError):\n"
+        "        continue\n"
+        "    if pid.isdigit() and stat.rsplit(')', 1)[1].split()[1] == me:\n"
+        "        os.kill(int(pid), signal.SIGKILL)\n"
+        "os._exit(0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(folder)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    log = folder / "logs" / "rank-0.log"
+    deadline = time.monotonic() + 20
+    while not (log.exists() and "the only line" in log.read_text()):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no copy of the rank's log"
+        time.sleep(0.05)

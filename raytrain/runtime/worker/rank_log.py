@@ -33,6 +33,7 @@ _local: Path | None = None  # this process's rank log on the node's disk, once s
 COPY_EVERY_S = 1.0
 COPY_STALL_S = 30.0
 FINAL_COPY_S = 60.0
+DETACH_WAIT_S = 10.0  # how long a rank's start waits for its copier to fork away (~30 ms on an idle node)
 
 
 class Tee:
@@ -127,13 +128,21 @@ def local_dir() -> Path:
 def start_copier(local: Path, dest: Path, rank: int, alive_fd: int) -> None:
     """The process that copies ``local`` to ``dest`` until ``alive_fd``'s other end is closed everywhere
     (raytrain.runtime.worker.rank_log_copy); it writes its own failures to this process's stdout/stderr as they are
-    now (Ray's log)."""
+    now (Ray's log).
+
+    Returns once the copier has forked away (its first process exited; at most ``DETACH_WAIT_S``): until then it
+    is this worker's child, which Ray kills when the worker exits. A run shorter than the copier's start-up (one
+    step, on a loaded node) otherwise lost its whole rank log: the worker was gone before the copier had forked."""
     script = Path(__file__).with_name("rank_log_copy.py")
-    _copiers.append(subprocess.Popen(  # it forks and exits at once: reaped by subprocess's own cleanup
+    proc = subprocess.Popen(
         [sys.executable, "-S", str(script), str(local), str(dest), str(rank), str(alive_fd),
          str(COPY_EVERY_S), str(COPY_STALL_S), str(FINAL_COPY_S)],
         stdin=subprocess.DEVNULL, pass_fds=(alive_fd,), start_new_session=True,
-    ))
+    )
+    try:
+        proc.wait(timeout=DETACH_WAIT_S)
+    except subprocess.TimeoutExpired:  # a node too loaded to start it in time: go on (reaped by subprocess later)
+        _copiers.append(proc)
 
 
 def start(record_dir: Path | None, rank: int, ip: str = "") -> Path | None:
