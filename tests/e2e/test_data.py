@@ -117,10 +117,14 @@ def test_every_id_once_per_epoch(baseline):
     assert ready["train"]["rows_ready"] >= 4  # the workers started with at least one global micro-batch
 
 
+def events_in(raw_log, kind) -> list[dict]:
+    """The ``kind`` events of a ``jobs logs -v`` text, in order."""
+    return [json.loads(line[line.index("{"):]) for line in raw_log.splitlines() if f'"event":"{kind}"' in line]
+
+
 def dataset_events(raw_log) -> dict:
     """The ``dataset`` events of a ``jobs logs -v``, by dataset name."""
-    return {e["name"]: e for e in (json.loads(line[line.index("{"):]) for line in raw_log.splitlines()
-                                   if '"event":"dataset"' in line)}
+    return {e["name"]: e for e in events_in(raw_log, "dataset")}
 
 
 def test_a_killed_worker_and_a_resume_on_fewer_workers_continue_the_epoch_exactly(cli, data, baseline):
@@ -171,8 +175,7 @@ SLEEPY = ROOT / "tests" / "e2e" / "jobs" / "sleepy.py"
 
 
 def _events(cli, job_id, kind):
-    raw = cli("jobs", "logs", job_id, "-v", check=True).stdout
-    return [json.loads(line[line.index("{"):]) for line in raw.splitlines() if f'"event":"{kind}"' in line]
+    return events_in(cli("jobs", "logs", job_id, "-v", check=True).stdout, kind)
 
 
 def test_with_another_job_holding_cpus_ray_data_asks_for_what_is_free(cli, data, baseline, request):
