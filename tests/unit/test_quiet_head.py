@@ -52,3 +52,29 @@ def test_the_log_monitor_globs_for_new_files_at_the_quiet_period(monkeypatch):
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                              env={**os.environ, **env}, check=True).stdout.split()
         assert " ".join(out) == expected, (env.get("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"), out)
+
+
+def test_the_dashboards_modules_get_longer_than_rays_30_s_to_start_unless_the_environment_says(monkeypatch, tmp_path):
+    """Ray 2.58's dashboard exited when a module process took over 30 s to start on a loaded machine, and
+    `ray start --head` failed with it: tunings on or off, the head gets START_ENV's bound."""
+    seen = {}
+
+    class Popen:
+        def __init__(self, args, env, **kwargs):
+            seen.clear()
+            seen.update(env)
+            self.pid = 0
+
+    monkeypatch.setattr(ray_process.subprocess, "Popen", Popen)
+    key = "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"
+    monkeypatch.delenv(key, raising=False)
+    for tuning in ("on", "off"):
+        monkeypatch.setenv("RAYTRAIN_RAY_TUNING", tuning)
+        ray_process.spawn(["start"], token_path=tmp_path / "t", log_path=tmp_path / "log")
+        assert float(seen[key]) >= 120, seen.get(key)
+    monkeypatch.setenv(key, "45")
+    ray_process.spawn(["start"], token_path=tmp_path / "t", log_path=tmp_path / "log")
+    assert seen[key] == "45"
+    from raytrain.clusters.local_head import START_TIMEOUT_S
+
+    assert float(ray_process.START_ENV[key]) < START_TIMEOUT_S  # raytrain's own wait for the head still bounds it
