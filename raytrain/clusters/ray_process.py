@@ -157,10 +157,10 @@ def quiet_env() -> dict[str, str]:
     return dict(QUIET_ENV) if quiet() else {}
 
 
-# Ray's dashboard gives each of its module processes 30 s to start, then exits, and `ray start --head` with it
-# (or, on a head just started, the dashboard dies under the first request). On a loaded 2-core machine a module
-# took longer (Ray 2.58, MetricsHead, with another cluster starting beside it). Ray's own setting, tunings on or
-# off; still inside START_TIMEOUT_S; a value in the environment wins.
+# Ray's dashboard gives each of its module processes 30 s to start, then exits, and `ray start --head --block`
+# stops the node with it. On a loaded 2-core machine a module took longer (Ray 2.58, MetricsHead, with another
+# cluster starting beside it). Ray's own setting, tunings on or off; still inside START_TIMEOUT_S; a value in
+# the environment wins.
 START_ENV = {"RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "120"}
 
 

@@ -16,9 +16,8 @@ def test_quiet_env_slows_what_an_idle_head_polls(monkeypatch):
     assert ray_process.quiet_env() == {}
 
 
-def test_environment_wins_over_the_quiet_settings(monkeypatch, tmp_path):
-    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
-    monkeypatch.setenv("LOG_NAME_UPDATE_INTERVAL_S", "0.5")
+def spawned_env(monkeypatch, tmp_path) -> dict:
+    """The environment ``ray_process.spawn`` gives ``ray start`` (nothing is started)."""
     seen = {}
 
     class Popen:
@@ -28,6 +27,13 @@ def test_environment_wins_over_the_quiet_settings(monkeypatch, tmp_path):
 
     monkeypatch.setattr(ray_process.subprocess, "Popen", Popen)
     ray_process.spawn(["start"], token_path=tmp_path / "t", log_path=tmp_path / "log")
+    return seen
+
+
+def test_environment_wins_over_the_quiet_settings(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAYTRAIN_RAY_TUNING", raising=False)
+    monkeypatch.setenv("LOG_NAME_UPDATE_INTERVAL_S", "0.5")
+    seen = spawned_env(monkeypatch, tmp_path)
     assert seen["LOG_NAME_UPDATE_INTERVAL_S"] == "0.5"
     assert seen["RAY_memory_monitor_refresh_ms"] == ray_process.QUIET_ENV["RAY_memory_monitor_refresh_ms"]
 
@@ -57,24 +63,14 @@ def test_the_log_monitor_globs_for_new_files_at_the_quiet_period(monkeypatch):
 def test_the_dashboards_modules_get_longer_than_rays_30_s_to_start_unless_the_environment_says(monkeypatch, tmp_path):
     """Ray 2.58's dashboard exited when a module process took over 30 s to start on a loaded machine, and
     `ray start --head` failed with it: tunings on or off, the head gets START_ENV's bound."""
-    seen = {}
-
-    class Popen:
-        def __init__(self, args, env, **kwargs):
-            seen.clear()
-            seen.update(env)
-            self.pid = 0
-
-    monkeypatch.setattr(ray_process.subprocess, "Popen", Popen)
     key = "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"
     monkeypatch.delenv(key, raising=False)
     for tuning in ("on", "off"):
         monkeypatch.setenv("RAYTRAIN_RAY_TUNING", tuning)
-        ray_process.spawn(["start"], token_path=tmp_path / "t", log_path=tmp_path / "log")
+        seen = spawned_env(monkeypatch, tmp_path)
         assert float(seen[key]) >= 120, seen.get(key)
     monkeypatch.setenv(key, "45")
-    ray_process.spawn(["start"], token_path=tmp_path / "t", log_path=tmp_path / "log")
-    assert seen[key] == "45"
+    assert spawned_env(monkeypatch, tmp_path)[key] == "45"
     from raytrain.clusters.local_head import START_TIMEOUT_S
 
     assert float(ray_process.START_ENV[key]) < START_TIMEOUT_S  # raytrain's own wait for the head still bounds it
