@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,10 @@ def first_missing_file(directory: str | Path, marker: Marker) -> str | None:
     """The first file ``marker`` lists that is missing or not its recorded size (None: all there)."""
     root = Path(directory)
     for name, expected in marker.files.items():
-        f = root / name
-        if not f.is_file() or f.stat().st_size != expected:
+        try:
+            st = (root / name).stat()
+        except OSError:  # missing, or removed while read
+            return name
+        if not stat.S_ISREG(st.st_mode) or st.st_size != expected:
             return name
     return None

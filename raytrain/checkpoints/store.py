@@ -3,6 +3,7 @@ latest complete one, and the checkpoint a ``--resume`` value names. No torch, no
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ class CheckpointInfo:
 def inspect(directory: str | Path) -> CheckpointInfo:
     """What a checkpoint directory holds and whether it is complete (with the reason if not)."""
     d = Path(directory)
-    size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) if d.is_dir() else 0
+    size = _size(d)
     first = markers.read_or_none(d, 0)
     if first is None:
         return CheckpointInfo(str(d), None, None, size, None, False, "rank 0 marker missing")
@@ -46,6 +47,21 @@ def inspect(directory: str | Path) -> CheckpointInfo:
             info.complete, info.reason = False, f"rank {rank} file {name} missing or truncated"
             return info
     return info
+
+
+def _size(d: Path) -> int:
+    """Bytes under ``d``; what vanishes while it is read counts 0 (another rank may be removing an uncommitted
+    checkpoint, see :func:`remove_uncommitted`)."""
+    total = 0
+    try:
+        for f in d.rglob("*"):
+            try:
+                total += f.stat().st_size if f.is_file() else 0
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return total
 
 
 def is_checkpoint_dir(path: Path) -> bool:
@@ -80,6 +96,18 @@ def latest_complete(run_dir: str | Path, above_step: int | None = None) -> Check
         if info.complete:
             return info
     return None
+
+
+def remove_uncommitted(run_dir: str | Path) -> list[CheckpointInfo]:
+    """Delete every checkpoint folder of a run that is not committed; what was deleted. Only where no save is
+    in flight: a job's rank 0 calls it as each attempt starts (``--keep``), when every worker of the attempt
+    before is gone and no rank of this one has saved yet."""
+    removed = []
+    for info in list_checkpoints(run_dir):
+        if not info.complete:
+            shutil.rmtree(info.path, ignore_errors=True)
+            removed.append(info)
+    return removed
 
 
 def resolve_resume(spec: str, storage: str | None, flag: str = "--resume") -> CheckpointInfo:

@@ -142,7 +142,7 @@ def up(
             resources=resources,
         )
         try:
-            _wait_until_up(cluster, proc, deadline - time.monotonic())
+            _wait_until_up(cluster, proc, deadline - time.monotonic(), _client_port(head))
             break
         except RayletLate as exc:
             if attempt == START_ATTEMPTS or deadline - time.monotonic() < RAYLET_WAIT_S:
@@ -157,12 +157,13 @@ class RayletLate(ClusterError):
 
 
 RAYLET_LATE = "The current node timed out during startup"  # what `ray start` says then (its node module)
+# Ray Client's server starts before the dashboard and the raylet, and gives up when the raylet has not
+# registered 30 s later (Ray's services.get_node_with_retry); `ray start --block` then stops the whole node,
+# after the dashboard may already have answered. What its log (whose tail `ray start` prints) says then.
+CLIENT_SERVER_LATE = "Timed out waiting for node info"
 RAYLET_WAIT_S = 30.0  # ray start's fixed wait for that (not a setting of Ray's)
 START_ATTEMPTS = 2
-
-
-def raylet_was_late(log_text: str) -> bool:
-    return RAYLET_LATE in log_text
+DEFAULT_CLIENT_PORT = 10001  # Ray Client's server's port when `ray start` is given none
 
 
 def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
@@ -192,6 +193,15 @@ def _head_command(port: int, dashboard_port: int, temp_dir: Path) -> list[str]:
         agent = _unused(52365 + offset % 10000, {port, dashboard_port, client})
         cmd += [f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}"]
     return cmd
+
+
+def _client_port(head_command: list[str]) -> int | None:
+    """The port Ray Client's server of this head will listen on; None where it starts none (a tuning)."""
+    from raytrain import ray_tuning
+
+    if ray_tuning.on("no_ray_client", say=False):  # the head says so in its log where it is off
+        return None
+    return _ports_of(head_command).get("--ray-client-server-port", DEFAULT_CLIENT_PORT)
 
 
 def _unused(port: int, taken: set[int]) -> int:
@@ -233,20 +243,15 @@ def _confirm_own_dashboard(cluster: LocalHeadRecord, proc, deadline: float) -> N
         )
 
 
-def _wait_until_up(cluster: LocalHeadRecord, proc, timeout_s: float) -> None:
-    """Until the dashboard answers, its Jobs API too, and it lists a node; stops the head on a timeout."""
+def _wait_until_up(cluster: LocalHeadRecord, proc, timeout_s: float, client_port: int | None = None) -> None:
+    """Until the dashboard answers, its Jobs API too, and it lists a node, and Ray Client's server listens on
+    ``client_port`` (None: the head starts none); stops the head on a timeout."""
     log_path = cluster.log_path
     deadline = time.monotonic() + timeout_s
     _confirm_own_dashboard(cluster, proc, deadline)
     dashboard = cluster.dashboard()
     while True:
-        if proc.poll() is not None:
-            ray_process.reap_group(proc.pid)  # what it started before failing must not hold the ports
-            tail = ray_process.log_tail(log_path)
-            if raylet_was_late(tail):
-                raise RayletLate(f"Ray's raylet did not register within Ray's fixed {RAYLET_WAIT_S:.0f} s (a loaded "
-                                 f"machine?); see {log_path}")
-            raise ClusterError(f"`ray start --head` exited with {proc.returncode}; its log ({log_path}):\n{tail}")
+        _check_running(proc, log_path)
         try:
             dashboard.get("/api/version", timeout=2)
             dashboard.get("/api/jobs/", timeout=5)
@@ -254,10 +259,34 @@ def _wait_until_up(cluster: LocalHeadRecord, proc, timeout_s: float) -> None:
                 break
         except ClusterError:
             pass
-        if time.monotonic() > deadline:
-            ray_process.terminate(proc.pid)
-            raise ClusterError(f"the local Ray cluster did not come up within {timeout_s:.0f} s; see {log_path}")
+        _check_deadline(proc, deadline, timeout_s, log_path)
         time.sleep(0.5)
+    # It listens once past its wait for the raylet (CLIENT_SERVER_LATE): the one start-up step that can still
+    # stop the node after the dashboard answered
+    while client_port is not None and not ports.listening(client_port):
+        _check_running(proc, log_path)
+        _check_deadline(proc, deadline, timeout_s, log_path)
+        time.sleep(0.3)
+
+
+def _check_running(proc, log_path: str) -> None:
+    if proc.poll() is None:
+        return
+    ray_process.reap_group(proc.pid)  # what it started before failing must not hold the ports
+    tail = ray_process.log_tail(log_path)
+    if RAYLET_LATE in tail:
+        raise RayletLate(f"Ray's raylet did not register within Ray's fixed {RAYLET_WAIT_S:.0f} s (a loaded "
+                         f"machine?); see {log_path}")
+    if CLIENT_SERVER_LATE in tail:
+        raise RayletLate(f"Ray Client's server gave up on the raylet registering within Ray's fixed "
+                         f"{RAYLET_WAIT_S:.0f} s, and Ray stopped the node (a loaded machine?); see {log_path}")
+    raise ClusterError(f"`ray start --head` exited with {proc.returncode}; its log ({log_path}):\n{tail}")
+
+
+def _check_deadline(proc, deadline: float, timeout_s: float, log_path: str) -> None:
+    if time.monotonic() > deadline:
+        ray_process.terminate(proc.pid)
+        raise ClusterError(f"the local Ray cluster did not come up within {timeout_s:.0f} s; see {log_path}")
 
 
 def down() -> LocalHeadRecord | None:

@@ -1,5 +1,6 @@
 """--checkpoint-mode async on the real local cluster (docs/checkpoints.md): the same losses and parameters as
-sync saves, a worker SIGKILLed while its upload is in flight restarts from the last committed checkpoint, a
+sync saves, a worker SIGKILLed while its upload is in flight restarts from the last committed checkpoint (and
+with --keep the restart removes the uncommitted folder), a
 save waits for the one in flight and says how long, the job's end waits for the last one, and only committed
 checkpoints are listed or resumed from."""
 import json
@@ -42,22 +43,25 @@ def z3_sync(e2e_env, tmp_path_factory):
 def test_a_worker_killed_mid_upload_restarts_from_the_last_committed_checkpoint(cli, z3_sync, tmp_path):
     _, base, base_params = z3_sync
     assert base.checkpoints == [2, 4, 6]
-    info, facts, params = run(cli, [*Z3, "--checkpoint-mode", "async", "--max-failures", "1"],
+    info, facts, params = run(cli, [*Z3, "--checkpoint-mode", "async", "--max-failures", "1", "--keep", "3"],
                               ["--steps", "6", "--sigkill-at-step", "5", "--hold-upload-step", "4"], tmp_path, "async")
     assert info["state"] == "succeeded" and info["restarts"] == 1, info
     rank1 = rank_log(cli, info["id"], 1)
     assert "rank 1: SIGKILL while the checkpoint of step 4 is uploading" in rank1, rank1[-3000:]
     steps = [m["step"] for m in facts.metrics]
     assert steps[-4:] == [3, 4, 5, 6] and steps[:5] == list(range(1, 6)), steps  # resumed from step 2
-    assert "raytrain: restored step 2 from" in rank_log(cli, info["id"], 0)
+    rank0 = rank_log(cli, info["id"], 0)
+    assert "raytrain: restored step 2 from" in rank0
     # step 4's first save never committed: rank 0 did not announce it; the restart saved 4 again, then 6
     assert facts.checkpoints == [2, 4, 6], facts.checkpoints
-    every = json.loads(cli("jobs", "checkpoints", info["id"], "--json", "--all", check=True).stdout)
-    partial = [c for c in every if not c["complete"]]
-    assert len(partial) == 1 and partial[0]["step"] == 4 and "rank 1" in partial[0]["reason"], every
+    # and with --keep the restart removed its folder (Ray Train's retention counts registered ones only)
+    removed = [line for line in rank0.splitlines() if "raytrain: --keep 3: removed the uncommitted checkpoint" in line]
+    assert len(removed) == 1 and "(step 4, rank 1 " in removed[0], rank0[-3000:]
     committed = json.loads(cli("jobs", "checkpoints", info["id"], "--json", check=True).stdout)
     assert [c["step"] for c in committed] == [2, 4, 6] and all(c["complete"] for c in committed), committed
-    assert partial[0]["path"] not in [c["path"] for c in committed]
+    assert removed[0].split("checkpoint ")[1].split(" (")[0] not in [c["path"] for c in committed]
+    every = json.loads(cli("jobs", "checkpoints", info["id"], "--json", "--all", check=True).stdout)
+    assert every == committed, every
     # and a --resume of the run picks its latest committed checkpoint
     from raytrain.checkpoints import store
 

@@ -61,3 +61,41 @@ def test_resume_errors_name_what_was_tried(tmp_path):
     (tmp_path / "empty-run").mkdir()
     with pytest.raises(ConfigError, match="has no complete checkpoint"):
         store.resolve_resume("empty-run", str(tmp_path))
+
+
+def test_remove_uncommitted_deletes_every_interrupted_save_and_keeps_the_committed_ones(tmp_path):
+    run = tmp_path / "run"
+    kept = [make_checkpoint(run, "checkpoint_a", 4), make_checkpoint(run, "checkpoint_c", 12)]
+    rank1_died = make_checkpoint(run, "checkpoint_b", 8)
+    (rank1_died / "raytrain_rank1.json").unlink()
+    truncated = make_checkpoint(run, "checkpoint_d", 16)
+    (truncated / "step16" / "shard_0.pt").write_bytes(b"x")
+    no_marker = run / "checkpoint_e"  # Ray Train made the folder, no rank wrote its marker
+    (no_marker / "step20").mkdir(parents=True)
+    (run / "checkpoint_manager_snapshot.json").write_text("{}")  # not a checkpoint: never touched
+    removed = store.remove_uncommitted(run)
+    assert sorted((c.path, c.step, c.reason) for c in removed) == [
+        (str(rank1_died), 8, "rank 1 marker missing"),
+        (str(truncated), 16, "rank 0 file step16/shard_0.pt missing or truncated"),
+        (str(no_marker), None, "rank 0 marker missing"),
+    ]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint_a", "checkpoint_c", "checkpoint_manager_snapshot.json"]
+    assert [c.step for c in store.list_checkpoints(run)] == [4, 12] and all(p.is_dir() for p in kept)
+    assert store.remove_uncommitted(run) == [] and store.remove_uncommitted(tmp_path / "no-such-run") == []
+
+
+def test_a_file_removed_while_a_checkpoint_is_inspected_makes_it_uncommitted_not_an_error(tmp_path, monkeypatch):
+    """Another rank may be removing an uncommitted checkpoint while this one looks for its restore point."""
+    from pathlib import Path
+
+    d = make_checkpoint(tmp_path, "checkpoint_a", 4)
+    real_stat = Path.stat
+
+    def vanishing(self, *a, **kw):
+        if self.name == "shard_1.pt":
+            raise FileNotFoundError(self)
+        return real_stat(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "stat", vanishing)
+    info = store.inspect(d)
+    assert not info.complete and info.reason == "rank 1 file step4/shard_1.pt missing or truncated"

@@ -140,3 +140,25 @@ def test_a_restart_continues_from_a_complete_checkpoint_ray_train_never_register
     assert unregistered_newer(plan, "raytrain-job-1", str(newest)) is None  # Ray Train's is the newest: use it
     assert unregistered_newer(SimpleNamespace(storage="s3://bucket/runs"), "raytrain-job-1", None) is None
     assert unregistered_newer(SimpleNamespace(storage=None), "raytrain-job-1", None) is None
+
+
+def test_with_keep_each_attempt_starts_by_removing_the_runs_uncommitted_checkpoints(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from raytrain.runtime.worker.loop import remove_uncommitted
+
+    run = tmp_path / "raytrain-job-1"
+    committed = _complete(run, "checkpoint_a", 4)
+    torn = _complete(run, "checkpoint_b", 8)
+    (torn / "raytrain_rank1.json").unlink()  # rank 1 died uploading step 8
+    other_run = _complete(tmp_path / "raytrain-job-0", "checkpoint_a", 2)
+    (other_run / "raytrain_rank1.json").unlink()
+    for plan in (SimpleNamespace(storage=str(tmp_path), keep=None),  # no --keep: every folder stays (--all lists it)
+                 SimpleNamespace(storage="s3://bucket/runs", keep=2), SimpleNamespace(storage=None, keep=2)):
+        remove_uncommitted(plan, "raytrain-job-1")
+        assert torn.is_dir() and capsys.readouterr().out == ""
+    remove_uncommitted(SimpleNamespace(storage=str(tmp_path), keep=2), "raytrain-job-1")
+    assert not torn.exists() and committed.is_dir() and other_run.is_dir()  # only this run's folder
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith(f"raytrain: --keep 2: removed the uncommitted checkpoint {torn} "
+                                                 "(step 8, rank 1 marker missing, "), said

@@ -131,10 +131,13 @@ def restore_point(config: dict[str, Any], plan: Any = None) -> str | None:
     newer complete one in this run's folder that Ray Train never registered (see ``unregistered_newer``)."""
     import ray.train
 
+    rank0 = ray.train.get_context().get_world_rank() == 0
     checkpoint = ray.train.get_checkpoint()
     newer = unregistered_newer(plan, config.get("run", ""), checkpoint.path if checkpoint is not None else None)
+    if rank0:
+        remove_uncommitted(plan, config.get("run", ""))
     if newer is not None:
-        if ray.train.get_context().get_world_rank() == 0:
+        if rank0:
             print(f"raytrain: continuing from {newer.path} (step {newer.step}): complete on storage, newer than "
                   "the checkpoint Ray Train registered", flush=True)
         return newer.path
@@ -143,6 +146,26 @@ def restore_point(config: dict[str, Any], plan: Any = None) -> str | None:
     if type(checkpoint.filesystem).__name__ == "LocalFileSystem":
         return checkpoint.path
     return checkpoint.to_directory()  # remote storage (s3://, gs://): download this worker's copy
+
+
+def remove_uncommitted(plan: Any, run_name: str) -> None:
+    """With ``--keep``, rank 0 deletes the run's uncommitted checkpoint folders (a save a failure interrupted)
+    as each attempt starts, one line each: Ray Train's retention counts only the checkpoints it registered, so
+    on a run restarted for days they would pile up. Here no save is in flight: the attempt before has ended and
+    no rank of this one has saved (the ranks build the engine together after this). Where the storage is a
+    path; on a URI (s3://, gs://) they stay (``raytrain jobs checkpoints RUN --all`` lists them)."""
+    from pathlib import Path
+
+    from raytrain.checkpoints import store
+    from raytrain.storage import is_uri
+
+    storage = getattr(plan, "storage", None)
+    if not getattr(plan, "keep", None) or not storage or is_uri(storage) or not run_name:
+        return
+    for info in store.remove_uncommitted(Path(storage).expanduser() / run_name):
+        step = f"step {info.step}, " if info.step is not None else ""
+        print(f"raytrain: --keep {plan.keep}: removed the uncommitted checkpoint {info.path} ({step}{info.reason}, "
+              f"{info.size_bytes / 1e6:.1f} MB)", flush=True)
 
 
 def unregistered_newer(plan: Any, run_name: str, registered: str | None):
