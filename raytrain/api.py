@@ -223,8 +223,11 @@ def with_recorded_steps(info: JobInfo, storage: str | None = None) -> JobInfo:
     folder = record_of(info.job_id, storage)
     if folder is None:
         return info
-    recorded = JobFacts.from_lines(run_record.read_lines(folder))
     seen = ((info.facts.last_metrics if info.facts else None) or {}).get("step")
+    last = run_record.last_step(folder)
+    if seen is not None and last is not None and last <= seen:
+        return info  # the log has the record's last step: no need to read the whole record
+    recorded = JobFacts.from_lines(run_record.read_lines(folder))
     kept = (recorded.last_metrics or {}).get("step")
     if kept is not None and (seen is None or kept > seen):
         info.facts = recorded

@@ -86,17 +86,24 @@ def parse_events(line: str) -> list[dict]:
     """Every event on a log line (most hold none or one). Tolerates Ray's ``(RayTrainWorker pid=..)`` prefixes
     and two events on one line: Ray's driver prints a forwarded worker line and its newline as two writes, and
     the driver's own event written between them joins the worker's line."""
-    found: list[dict] = []
-    decoder = json.JSONDecoder()
+    return [event for event, _ in parse_events_with_text(line)]
+
+
+_DECODER = json.JSONDecoder()
+
+
+def parse_events_with_text(line: str) -> list[tuple[dict, str]]:
+    """``parse_events``, each event with its JSON text as written (what :meth:`JobFacts.add` tells copies by)."""
+    found: list[tuple[dict, str]] = []
     idx = line.find(MARKER)
     while idx >= 0:
         start = idx + len(MARKER)
         try:
-            event, end = decoder.raw_decode(line, start)
+            event, end = _DECODER.raw_decode(line, start)
         except ValueError:
             event, end = None, start
         if isinstance(event, dict) and "event" in event:
-            found.append(event)
+            found.append((event, line[start:end].strip()))
         idx = line.find(MARKER, end)
     return found
 
@@ -142,8 +149,10 @@ class JobFacts:
 
     _seen: set = field(default_factory=set, repr=False)
 
-    def add(self, event: dict) -> None:
-        key = json.dumps(event, sort_keys=True, default=str)
+    def add(self, event: dict, text: str | None = None) -> None:
+        """``text``: the event's JSON as written (``parse_events_with_text``): a copy of a line has the same text,
+        and comparing it costs a fraction of serialising the event again (a long run's log has millions)."""
+        key = text if text is not None else json.dumps(event, sort_keys=True, default=str)
         if key in self._seen:  # the same line reached the log twice (stdout and stderr copies)
             return
         self._seen.add(key)
@@ -248,8 +257,8 @@ class JobFacts:
     def from_lines(cls, lines: Iterable[str]) -> "JobFacts":
         facts = cls()
         for line in lines:
-            for event in parse_events(line):
-                facts.add(event)
+            for event, text in parse_events_with_text(line):
+                facts.add(event, text)
         return facts
 
 

@@ -65,9 +65,9 @@ def from_lines(job_id: str, lines: list[str]) -> RunMetrics:
     run = RunMetrics(job_id)
     by_step: dict[int, dict] = {}
     current: dict[int, float] = {}
-    for event in (e for line in lines for e in events.parse_events(line)):
+    for event, text in (e for line in lines for e in events.parse_events_with_text(line)):
         before = (len(facts.metrics), len(facts.memory), facts.restarts)
-        facts.add(event)
+        facts.add(event, text)
         kind = event.get("event")
         if kind == events.MEMORY and (peak := _peak(event)):
             run.memory_source = peak[0] if peak[0] == "gpu" else run.memory_source

@@ -74,6 +74,27 @@ def read_timed(folder: Path, who: str = "*") -> list[tuple[float, str]]:
     return [(t, rest) for t, _, _, rest in sorted(timed)]
 
 
+def last_step(folder: Path, tail_bytes: int = 1 << 16) -> int | None:
+    """The step of the last metrics event of a run's record (rank 0 reports them), read from the end of rank 0's
+    file: a long run's record holds millions of lines. None where its last ``tail_bytes`` hold none."""
+    from raytrain import events
+
+    path = folder / "events-rank-0.log"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if f'"event":"{events.METRICS}"' not in line:
+            continue
+        for event in reversed(events.parse_events(line)):
+            if event.get("event") == events.METRICS and isinstance(event.get("step"), int):
+                return event["step"]
+    return None
+
+
 def read_lines(folder: Path) -> list[str]:
     """Every recorded event line of a run, all processes merged in time order."""
     return [rest for _, rest in read_timed(folder)]

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from raytrain import api, run_record
 from raytrain.cli.main import main
 from raytrain.errors import ClusterError
-from raytrain.events import ERROR, FINISHED, METRICS, STARTED, STOPPED, format_event
+from raytrain.events import ERROR, FINISHED, MEMORY, METRICS, RESTARTING, STARTED, STOPPED, format_event
 from raytrain.status import JobState
 from raytrain.targets.factory import TargetOptions, make_target
 
@@ -148,3 +148,46 @@ def test_an_ended_jobs_steps_its_log_missed_come_from_its_record(tmp_path):
     assert running.facts.last_metrics is None  # a running job's log is still arriving: as it is
     ahead = JobFacts.from_lines([format_event(METRICS, step=3, loss=1.0), format_event(FINISHED)])
     assert api.with_recorded_steps(info(JobState.SUCCEEDED, ahead), str(tmp_path)).facts is ahead
+
+
+def test_an_ended_job_whose_log_has_the_records_last_step_is_not_read_from_the_record(tmp_path, monkeypatch):
+    """A long run's record holds millions of lines: `jobs status` reads it whole only where the log lacks the
+    record's last step (found from the end of rank 0's file)."""
+    from raytrain.events import JobFacts
+    from raytrain.status import JobInfo
+
+    folder = a_run(tmp_path, "raytrain-gpt-1", (FINISHED, {"metrics": {}}))
+    with open(folder / "events-rank-0.log", "a") as f:  # later lines of other kinds, and a line cut short
+        f.write(f"{T0 + 25} " + format_event(MEMORY, rank=0, rss_peak=1) + "\n" + f"{T0 + 26} @@raytrain {{\"ev")
+    assert run_record.last_step(folder) == 2
+    assert run_record.last_step(folder, tail_bytes=40) is None  # not in the tail read: unknown
+    assert run_record.last_step(tmp_path / "no-record") is None
+    reads = []
+    real = run_record.read_lines
+    monkeypatch.setattr(run_record, "read_lines", lambda f: reads.append(f) or real(f))
+
+    def status(*steps):
+        facts = JobFacts.from_lines([format_event(METRICS, step=s, loss=1.0) for s in steps] + [format_event(FINISHED)])
+        info = JobInfo(job_id="raytrain-gpt-1", name="gpt", state=JobState.SUCCEEDED, target="local", address="",
+                       facts=facts)
+        return facts, api.with_recorded_steps(info, str(tmp_path)).facts
+
+    facts, shown = status(1, 2)
+    assert shown is facts and reads == []  # the log is whole: the record is not read
+    facts, shown = status(1)
+    assert shown is not facts and shown.last_metrics["step"] == 2 and len(reads) == 1  # behind: the record's
+    monkeypatch.setattr(run_record, "last_step", lambda folder: None)  # the tail had no step: read it to know
+    facts, shown = status(1, 2)
+    assert shown is facts and len(reads) == 2
+
+
+def test_a_line_copied_into_the_log_twice_counts_once_and_distinct_events_all_count():
+    from raytrain.events import JobFacts
+
+    restart = format_event(RESTARTING, time=T0, attempt=1)
+    facts = JobFacts.from_lines([restart, f"(RayTrainWorker pid=7) {restart}", format_event(RESTARTING, time=T0 + 1),
+                                 format_event(METRICS, step=1, loss=2.0) + format_event(METRICS, step=2, loss=1.0)])
+    assert facts.restarts == 2 and [m["step"] for m in facts.metrics] == [1, 2]
+    facts.add({"event": RESTARTING, "time": T0 + 2})  # an event handed over as a dict is told by its content
+    facts.add({"time": T0 + 2, "event": RESTARTING})
+    assert facts.restarts == 3
