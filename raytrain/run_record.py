@@ -90,8 +90,9 @@ def last_step(folder: Path, tail_bytes: int = 1 << 16) -> int | None:
         if f'"event":"{events.METRICS}"' not in line:
             continue
         for event in reversed(events.parse_events(line)):
-            if event.get("event") == events.METRICS and isinstance(event.get("step"), int):
-                return event["step"]
+            if event.get("event") == events.METRICS:
+                step = event.get("step")
+                return step if isinstance(step, int) else None
     return None
 
 
