@@ -103,7 +103,7 @@ def parse_events_with_text(line: str) -> list[tuple[dict, str]]:
         except ValueError:
             event, end = None, start
         if isinstance(event, dict) and "event" in event:
-            found.append((event, line[start:end].strip()))
+            found.append((event, line[start:end]))
         idx = line.find(MARKER, end)
     return found
 

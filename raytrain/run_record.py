@@ -18,11 +18,18 @@ if TYPE_CHECKING:
 FOLDER = "raytrain"
 
 
-def record_dir(storage: str | None, run_name: str) -> Path | None:
-    """Where a run keeps its record; None where the storage is not a path (a URI, or Ray's default)."""
+def run_folder(storage: str | None, run_name: str) -> Path | None:
+    """A run's folder in its storage (its checkpoints, its record); None where the storage is not a path (a
+    URI, or Ray's default)."""
     if not storage or is_uri(storage) or not run_name:
         return None
-    return Path(storage).expanduser() / run_name / FOLDER
+    return Path(storage).expanduser() / run_name
+
+
+def record_dir(storage: str | None, run_name: str) -> Path | None:
+    """Where a run keeps its record; None where the storage is not a path (a URI, or Ray's default)."""
+    folder = run_folder(storage, run_name)
+    return folder / FOLDER if folder is not None else None
 
 
 def start(storage: str | None, run_name: str, who: str) -> str | None:

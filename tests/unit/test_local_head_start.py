@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.clusters import local_head, ray_process
+from raytrain.clusters import local_head, ports, ray_process
 from raytrain.errors import ClusterError
 from tests.conftest import free_port
 
@@ -75,7 +75,7 @@ def test_a_head_whose_client_server_gave_up_is_started_once_more_and_returned_on
         assert started and len(spawned) == 2  # the first one's dashboard had answered: it was not taken
         err = capsys.readouterr().err
         assert err.count("starting it once more") == 1 and "Ray Client's server gave up on the raylet" in err, err
-        assert __import__("raytrain.clusters.ports", fromlist=["x"]).listening(client)
+        assert ports.listening(client)
         assert local_head.current() is not None and local_head.current().pid == cluster.pid
     finally:
         ray_process.terminate(cluster.pid)

@@ -154,15 +154,13 @@ def remove_uncommitted(plan: Any, run_name: str) -> None:
     on a run restarted for days they would pile up. Here no save is in flight: the attempt before has ended and
     no rank of this one has saved (the ranks build the engine together after this). Where the storage is a
     path; on a URI (s3://, gs://) they stay (``raytrain jobs checkpoints RUN --all`` lists them)."""
-    from pathlib import Path
-
+    from raytrain import run_record
     from raytrain.checkpoints import store
-    from raytrain.storage import is_uri
 
-    storage = getattr(plan, "storage", None)
-    if not getattr(plan, "keep", None) or not storage or is_uri(storage) or not run_name:
+    folder = run_record.run_folder(getattr(plan, "storage", None), run_name)
+    if not getattr(plan, "keep", None) or folder is None:
         return
-    for info in store.remove_uncommitted(Path(storage).expanduser() / run_name):
+    for info in store.remove_uncommitted(folder):
         step = f"step {info.step}, " if info.step is not None else ""
         print(f"raytrain: --keep {plan.keep}: removed the uncommitted checkpoint {info.path} ({step}{info.reason}, "
               f"{info.size_bytes / 1e6:.1f} MB)", flush=True)
@@ -174,15 +172,13 @@ def unregistered_newer(plan: Any, run_name: str, registered: str | None):
     of it, so a group that died in between (a worker killed right after a save) restarts without that
     checkpoint, though every rank's files and marker are on storage. The run's folder holds only this job's
     checkpoints (its name is the submission id). None where the storage is not a path (a URI, Ray's default)."""
-    from pathlib import Path
-
+    from raytrain import run_record
     from raytrain.checkpoints import marker as markers
     from raytrain.checkpoints import store
-    from raytrain.storage import is_uri
 
-    storage = getattr(plan, "storage", None)
-    if not storage or is_uri(storage) or not run_name:
+    folder = run_record.run_folder(getattr(plan, "storage", None), run_name)
+    if folder is None:
         return None
     saved = markers.read_or_none(registered) if registered else None
     above = saved.step if saved is not None else None
-    return store.latest_complete(Path(storage).expanduser() / run_name, above_step=above)
+    return store.latest_complete(folder, above_step=above)
